@@ -1,0 +1,1 @@
+"""elastic-hydra's Hydra presets (installed as the package `elastic_hydra.conf`)."""

@@ -1,0 +1,1 @@
+"""elastic-hydra: a declarative, config-driven elastic job launcher."""

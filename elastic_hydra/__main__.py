@@ -1,0 +1,3 @@
+from elastic_hydra.cli import main
+
+main()

@@ -1,0 +1,256 @@
+"""The `elastic-hydra` command: argv sugar around Hydra, exit codes, and user-facing errors.
+
+    elastic-hydra [JOB.yaml] [-m] [--plan] [key=value ...] [-- SCRIPT ARGS ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, NoReturn
+
+import hydra
+from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra._internal import utils as hydra_utils
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.types import Quote, QuotedString
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from elastic_hydra import schema
+from elastic_hydra.errors import EXIT_CONFIG, ConfigError, ElasticHydraError
+from elastic_hydra.plan import LaunchPlan, to_dict
+from elastic_hydra.resolve import explain, resolve_config
+
+CONF_MODULE = "elastic_hydra.conf"
+FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
+PLAN_FILE = "plan.json"
+RESULT_FILE = "result.json"
+
+schema.register()
+OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
+
+
+@dataclass(slots=True)
+class JobResult:
+    """What one launch of a (multi)run ended with."""
+
+    overrides: list[str]
+    exit_code: int
+    run_dir: str
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+_results: list[JobResult] = []
+
+
+# ------------------------------------------------------------------------------------------- argv
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    flags: list[str]
+    overrides: list[str]
+    plan_only: bool
+    multirun: bool
+    job: Path | None
+
+    @property
+    def hydra_argv(self) -> list[str]:
+        return [*self.flags, *self.overrides]
+
+
+def _hydra_flags() -> dict[str, str | int | None]:
+    """Hydra's own flags and how many values each takes (read from Hydra's parser)."""
+    flags: dict[str, str | int | None] = {}
+    for action in hydra_utils.get_args_parser()._actions:
+        takes = 0 if action.nargs == 0 else action.nargs
+        for opt in action.option_strings:
+            flags[opt] = takes
+    return flags
+
+
+def quote_arg(arg: str) -> str:
+    """Quote one script argument so Hydra's override grammar keeps it byte for byte."""
+    return QuotedString(text=arg.replace("${", "\\${"), quote=Quote.single).with_quotes()
+
+
+def parse_argv(argv: Sequence[str]) -> Invocation:
+    """Split our argv into Hydra's: job file -> -cd/-cn, `-- args` -> one args=[...] override."""
+    argv = list(argv)
+    script_args: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1 :]
+    flags, overrides = [], []
+    plan_only = multirun = False
+    job: Path | None = None
+    known = _hydra_flags()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--plan":
+            plan_only = True
+        elif arg.startswith("-") and arg.split("=", 1)[0] in known:
+            multirun |= arg in ("-m", "--multirun")
+            flags.append(arg)
+            takes = known[arg.split("=", 1)[0]]
+            wants_value = takes is None or (takes == "?" and i < len(argv) and "=" not in argv[i])
+            if "=" not in arg and wants_value and i < len(argv):
+                flags.append(argv[i])
+                i += 1
+        elif job is None and "=" not in arg and arg.endswith((".yaml", ".yml")):
+            job = Path(arg)
+            flags += ["--config-dir", str(job.resolve().parent), "--config-name", job.stem]
+        else:
+            overrides.append(arg)
+    if script_args is not None:
+        overrides.append("args=[" + ",".join(quote_arg(a) for a in script_args) + "]")
+    return Invocation(flags, overrides, plan_only, multirun, job)
+
+
+# ------------------------------------------------------------------------------------------- main
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Console entry point."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["--version"], ["-V"]):
+        print(f"elastic-hydra {_version()} (hydra-core {hydra.__version__})")
+        sys.exit(0)
+    _rewrite_completion_line()
+    try:
+        inv = parse_argv(args)
+        if inv.job is not None and not inv.job.is_file():
+            raise ConfigError("job", "no such file", str(inv.job), "expected a job YAML file")
+        if inv.plan_only:
+            sys.exit(_print_plan(inv))
+        code = _run_hydra(inv)
+    except (ConfigError, HydraException, OmegaConfBaseException) as exc:
+        _fail(exc, explain(exc), EXIT_CONFIG)
+    except ElasticHydraError as exc:
+        _fail(exc, str(exc), exc.exit_code)
+    except Exception as exc:  # a bug in the launcher, not the user's fault
+        if isinstance(exc, ValueError) and "Only one of --run" in str(exc):
+            _fail(exc, f"flags: {exc}", EXIT_CONFIG)
+        traceback.print_exc()
+        print(
+            "elastic-hydra: internal error (a bug in elastic-hydra, not in your job); "
+            "please report it with the traceback above.",
+            file=sys.stderr,
+        )
+        sys.exit(70)
+    sys.exit(code)
+
+
+def _fail(exc: BaseException, line: str, code: int) -> NoReturn:
+    if os.environ.get(FULL_ERROR_ENV) == "1":
+        traceback.print_exception(exc)
+    print(f"elastic-hydra: error: {line}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("elastic-hydra")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _run_hydra(inv: Invocation) -> int:
+    # Let Hydra's exceptions reach `main`, which prints them as one line with exit code 2, instead
+    # of Hydra's multi-line report with exit code 1. `_run_hydra` looks the name up at call time.
+    hydra_utils.run_and_report = _reraise  # type: ignore[attr-defined]
+    _results.clear()
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "elastic-hydra", *inv.hydra_argv]
+    try:
+        _hydra_entry()
+    finally:
+        sys.argv = saved
+    if inv.multirun:
+        from elastic_hydra import render
+
+        render.print_sweep(_results)
+        return 0 if all(r.exit_code == 0 for r in _results) else 1
+    return _results[-1].exit_code if _results else 0
+
+
+def _reraise(func: Callable[[], Any]) -> Any:
+    return func()
+
+
+@hydra.main(version_base="1.3", config_path="pkg://" + CONF_MODULE, config_name="config")
+def _hydra_entry(cfg: DictConfig) -> None:
+    hc = HydraConfig.get()
+    run_dir = hc.runtime.output_dir
+    overrides = list(OmegaConf.to_container(hc.overrides.task, resolve=False))  # type: ignore[arg-type]
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        plan = resolve_config(cfg, run_dir=run_dir)
+    except ConfigError as exc:
+        if not multirun:
+            raise
+        print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
+        _record(JobResult(overrides, EXIT_CONFIG, run_dir, exc.line()))
+        return
+    Path(run_dir, PLAN_FILE).write_text(json.dumps(to_dict(plan), indent=2) + "\n")
+    _record(launch(plan, overrides))
+
+
+def launch(plan: LaunchPlan, overrides: list[str]) -> JobResult:
+    """Run one planned job to its end (the local agent)."""
+    from elastic_hydra import agent
+
+    code, details = agent.run(plan)
+    return JobResult(overrides, code, plan.run_dir, details.get("message", ""), details)
+
+
+def _record(result: JobResult) -> None:
+    _results.append(result)
+    payload = {"overrides": result.overrides, "exit_code": result.exit_code, **result.details}
+    Path(result.run_dir, RESULT_FILE).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+# ------------------------------------------------------------------------------------------- plan
+def compose_job(inv: Invocation) -> DictConfig:
+    """Compose the job exactly as a launch would, without creating anything."""
+    overrides = inv.overrides
+    if inv.job is not None:
+        with initialize_config_dir(str(inv.job.resolve().parent), version_base="1.3"):
+            return compose(inv.job.stem, [*overrides, f"hydra.searchpath=[pkg://{CONF_MODULE}]"])
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        return compose("config", overrides)
+
+
+def _print_plan(inv: Invocation) -> int:
+    if inv.multirun:
+        raise ConfigError("--plan", "shows one launch", "-m", "drop -m, or pick one value per key")
+    cfg = compose_job(inv)
+    root = cfg.logs.root if "logs" in cfg else "eh_logs"
+    plan = resolve_config(cfg, run_dir="")
+    from elastic_hydra import render
+
+    render.print_plan(plan, run_dir_hint=f"{root}/<date>/<time>_<host> (created at launch)")
+    return 0
+
+
+def _rewrite_completion_line() -> None:
+    """Shell completion re-reads COMP_LINE itself: give it the same job-file rewrite."""
+    line = os.environ.get("COMP_LINE")
+    if line is None:
+        return
+    words = [
+        f"--config-dir {Path(w).resolve().parent} --config-name {Path(w).stem}"
+        if w.endswith((".yaml", ".yml")) and "=" not in w
+        else w
+        for w in line.split(" ")
+    ]
+    os.environ["COMP_LINE"] = " ".join(words)

@@ -1,0 +1,49 @@
+"""The launcher's exceptions. Pure: no I/O.
+
+    ElasticHydraError
+     ├── ConfigError          a user's configuration is wrong: one line, exit code 2
+     └── RendezvousError      the rendezvous could not complete (unreachable, closed, timed out): exit 3
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_WORKERS_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_RENDEZVOUS = 3
+
+
+class ElasticHydraError(Exception):
+    """Base of every error the launcher reports to its user without a traceback."""
+
+    exit_code = EXIT_WORKERS_FAILED
+
+
+class ConfigError(ElasticHydraError):
+    """A configuration value is wrong.
+
+    Rendered as `<key>: <problem> (got <value>); <expected>. <hint>`.
+    """
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, key: str, problem: str, value: object, expected: str, hint: str = "") -> None:
+        self.key = key
+        self.problem = problem
+        self.value = value
+        self.expected = expected
+        self.hint = hint
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        got = self.value if isinstance(self.value, str) and self.value.startswith("<") else repr(
+            self.value
+        )
+        text = f"{self.key}: {self.problem} (got {got}); {self.expected}."
+        return f"{text} {self.hint}" if self.hint else text
+
+
+class RendezvousError(ElasticHydraError):
+    """The rendezvous failed; the message says what, where and which setting to change."""
+
+    exit_code = EXIT_RENDEZVOUS

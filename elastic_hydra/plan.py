@@ -1,0 +1,201 @@
+"""The resolved, frozen description of one launch: what `resolve` produces and everything else reads.
+
+Pure data: no I/O, no clock, no environment. Variants are tagged unions (one dataclass per kind).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+_FROZEN = {"frozen": True, "slots": True, "kw_only": True}
+
+
+# --------------------------------------------------------------------------------------- entrypoint
+@dataclass(**_FROZEN)
+class PythonScript:
+    """`python -u <path> args...`; `path` is absolute."""
+
+    path: str
+    python: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(**_FROZEN)
+class PythonModule:
+    """`python -u -m <name> args...`."""
+
+    name: str
+    python: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(**_FROZEN)
+class Command:
+    """A non-Python program, executed directly."""
+
+    program: str
+    args: tuple[str, ...] = ()
+
+
+Entrypoint = PythonScript | PythonModule | Command
+
+
+def worker_argv(entry: Entrypoint) -> tuple[str, ...]:
+    """The exact argv a worker is started with (torchrun's form: unbuffered Python, no --local-rank)."""
+    match entry:
+        case PythonScript(path=path, python=python, args=args):
+            return (python, "-u", path, *args)
+        case PythonModule(name=name, python=python, args=args):
+            return (python, "-u", "-m", name, *args)
+        case Command(program=program, args=args):
+            return (program, *args)
+
+
+# --------------------------------------------------------------------------------------- rendezvous
+@dataclass(**_FROZEN)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(**_FROZEN)
+class Standalone:
+    """One node, no external service: the agent allocates the master port itself."""
+
+    host: str = "127.0.0.1"
+
+
+@dataclass(**_FROZEN)
+class Static:
+    """Fixed node ranks; node 0's workers host the store at master_addr:master_port."""
+
+    master: Endpoint
+    node_rank: int
+    timeout: float
+
+
+class DynamicBackend(enum.Enum):
+    C10D = "c10d"
+    ETCD_V2 = "etcd-v2"
+    ETCD = "etcd"
+
+
+@dataclass(**_FROZEN)
+class Dynamic:
+    """A torch.distributed.elastic rendezvous handler (c10d, etcd-v2 or legacy etcd)."""
+
+    backend: DynamicBackend
+    endpoint: Endpoint
+    join_timeout: float
+    last_call_timeout: float
+    close_timeout: float
+    heartbeat_timeout: float
+    keep_alive_interval: float
+    keep_alive_max_attempt: int
+    read_timeout: float
+    is_host: bool | None = None
+
+
+Rendezvous = Standalone | Static | Dynamic
+
+
+# ------------------------------------------------------------------------------------------ restart
+class Action(enum.Enum):
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+@dataclass(**_FROZEN)
+class Backoff:
+    """Delay before restart k (k = 1, 2, ...): min(initial * multiplier**(k-1), maximum) +- jitter."""
+
+    initial: float = 0.0
+    maximum: float = 60.0
+    multiplier: float = 2.0
+    jitter: float = 0.0  # fraction of the delay, 0.1 = +-10 %
+
+
+@dataclass(**_FROZEN)
+class RestartWindow:
+    """At most `max_restarts` restarts within any `seconds`-long window."""
+
+    max_restarts: int
+    seconds: float
+
+
+@dataclass(**_FROZEN)
+class RestartSpec:
+    max_restarts: int = 0
+    backoff: Backoff = Backoff()
+    window: RestartWindow | None = None
+    on_exit_code: tuple[tuple[int, Action], ...] = ()
+    on_signal: tuple[tuple[int, Action], ...] = ()
+    fail_fast_seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------------------------- logs
+@dataclass(**_FROZEN)
+class LogSpec:
+    tee: bool = True
+    quiet: bool = False
+    console_ranks: frozenset[int] | None = None  # local ranks that reach the console; None = all
+    prefix: str = "[{role}{local_rank}]:"
+    tail_lines: int = 20
+
+
+# --------------------------------------------------------------------------------------------- plan
+@dataclass(**_FROZEN)
+class NodeRange:
+    min: int
+    max: int
+
+    def __str__(self) -> str:
+        return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
+
+
+@dataclass(**_FROZEN)
+class LaunchPlan:
+    """Everything the executor needs for one launch, validated."""
+
+    entrypoint: Entrypoint
+    nnodes: NodeRange
+    nproc_per_node: int
+    rdzv: Rendezvous
+    run_id: str
+    role: str = "default"
+    local_addr: str | None = None
+    restart: RestartSpec = RestartSpec()
+    logs: LogSpec = LogSpec()
+    stop_grace: float = 30.0
+    monitor_interval: float = 0.1
+    env: tuple[tuple[str, str], ...] = ()
+    run_dir: str = ""
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return worker_argv(self.entrypoint)
+
+
+def to_dict(value: Any) -> Any:
+    """A JSON-ready view of a plan (or any part of it); tagged unions carry their `kind`."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        if isinstance(value, (PythonScript, PythonModule, Command, Standalone, Static, Dynamic)):
+            out["kind"] = type(value).__name__.lower()
+        for f in dataclasses.fields(value):
+            out[f.name] = to_dict(getattr(value, f.name))
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, (tuple, list)):
+        return [to_dict(v) for v in value]
+    return value

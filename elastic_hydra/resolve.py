@@ -1,0 +1,532 @@
+"""Composed config -> validated, frozen `LaunchPlan`. All configuration checks live here.
+
+Every problem raises `ConfigError` naming the key, the value and the fix; `explain` turns Hydra's
+and OmegaConf's own composition errors into the same one-line form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import types
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from elastic_hydra import devices
+from elastic_hydra.errors import ConfigError
+from elastic_hydra.plan import (
+    Action,
+    Backoff,
+    Command,
+    Dynamic,
+    DynamicBackend,
+    Endpoint,
+    Entrypoint,
+    LaunchPlan,
+    LogSpec,
+    NodeRange,
+    PythonModule,
+    PythonScript,
+    RestartSpec,
+    RestartWindow,
+    Standalone,
+    Static,
+)
+from elastic_hydra.schema import ElasticHydraConf, LogsConf, RdzvConf, RestartConf
+
+BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd")
+DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379, "etcd": 2379}
+STATIC_DEFAULT_PORT = 29500
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+_NNODES_FORM = "expected N or MIN:MAX with 1 <= MIN <= MAX, e.g. nnodes=2 or nnodes=2:4"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Host:
+    """What resolution needs from the machine; tests pass their own."""
+
+    cwd: str
+    environ: Mapping[str, str]
+    gpu_count: Callable[[], int]
+    cpu_count: Callable[[], int]
+
+    @classmethod
+    def current(cls) -> Host:
+        environ = dict(os.environ)
+        return cls(
+            cwd=os.getcwd(),
+            environ=environ,
+            gpu_count=lambda: devices.gpu_count(environ),
+            cpu_count=devices.cpu_count,
+        )
+
+
+def resolve_config(cfg: DictConfig, *, run_dir: str = "", host: Host | None = None) -> LaunchPlan:
+    """Validate a composed job config and resolve it into a plan.
+
+    Raises:
+        ConfigError: the first problem found, as one line.
+    """
+    try:
+        conf = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise _from_omegaconf(exc) from None
+    assert isinstance(conf, ElasticHydraConf)
+    return resolve(conf, run_dir=run_dir, host=host or Host.current())
+
+
+def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
+    """Resolve a typed job config (see `resolve_config`)."""
+    nnodes = parse_nnodes(conf.nnodes)
+    nproc = _nproc(conf.nproc_per_node, host)
+    rdzv = _rendezvous(conf, nnodes)
+    return LaunchPlan(
+        entrypoint=_entrypoint(conf, host),
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        rdzv=rdzv,
+        run_id=conf.rdzv.id or (uuid.uuid4().hex if isinstance(rdzv, Standalone) else "none"),
+        role=_nonempty("role", conf.role),
+        local_addr=conf.local_addr or None,
+        restart=_restart(conf.restart),
+        logs=_logs(conf.logs, nproc),
+        stop_grace=_seconds("stop_grace", conf.stop_grace, allow_zero=True),
+        monitor_interval=_seconds("monitor_interval", conf.monitor_interval),
+        env=_env(conf.env),
+        run_dir=run_dir,
+    )
+
+
+# --------------------------------------------------------------------------------------- topology
+def parse_nnodes(value: object) -> NodeRange:
+    """`2` -> 2..2, `"2:4"` -> 2..4; catches the YAML 1.1 base-60 trap (unquoted 2:4 = 124)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError("nnodes", "not a node count", value, _NNODES_FORM)
+    if isinstance(value, int) and value >= 60 and 1 <= value // 60 <= value % 60:
+        lo, hi = divmod(value, 60)
+        raise ConfigError(
+            "nnodes",
+            f"looks like YAML's reading of an unquoted {lo}:{hi}",
+            value,
+            f'quote it: nnodes: "{lo}:{hi}"',
+            f'If you do mean {value} nodes, quote that too: nnodes: "{value}".',
+        )
+    parts = str(value).strip().split(":")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError("nnodes", "not N or MIN:MAX", value, _NNODES_FORM)
+    lo, hi = int(parts[0]), int(parts[-1])
+    if lo < 1:
+        raise ConfigError("nnodes", "needs at least 1 node", value, _NNODES_FORM)
+    if lo > hi:
+        raise ConfigError("nnodes", "MIN is larger than MAX", value, _NNODES_FORM)
+    return NodeRange(min=lo, max=hi)
+
+
+def _nproc(value: object, host: Host) -> int:
+    form = "expected a positive integer, gpu, cpu or auto"
+    if isinstance(value, str) and value.strip().lower() in ("gpu", "cpu", "auto"):
+        kind = value.strip().lower()
+        gpus = host.gpu_count() if kind != "cpu" else 0
+        if kind == "gpu" and gpus == 0:
+            raise ConfigError(
+                "nproc_per_node",
+                "no usable NVIDIA GPU on this machine",
+                value,
+                "expected a number of workers, or gpu where GPUs are visible",
+                "Use nproc_per_node=cpu or a number for CPU workers; check CUDA_VISIBLE_DEVICES.",
+            )
+        return gpus if gpus > 0 else host.cpu_count()
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError("nproc_per_node", "not a worker count", value, form)
+    if value < 1:
+        raise ConfigError("nproc_per_node", "needs at least 1 worker", value, form)
+    return value
+
+
+# ------------------------------------------------------------------------------------- entrypoint
+def _entrypoint(conf: ElasticHydraConf, host: Host) -> Entrypoint:
+    given = {k: v for k, v in (("script", conf.script), ("module", conf.module), ("cmd", conf.cmd))}
+    chosen = [k for k, v in given.items() if v not in (None, "")]
+    form = "expected exactly one of script=train.py, module=pkg.train or cmd=./program"
+    if not chosen:
+        raise ConfigError("script", "no entrypoint given", "<nothing>", form)
+    if len(chosen) > 1:
+        shown = ", ".join(f"{k}={given[k]}" for k in chosen)
+        raise ConfigError(chosen[1], "more than one entrypoint", f"<{shown}>", form)
+    python = host.environ.get("PYTHON_EXEC") or sys.executable
+    args = tuple(conf.args)
+    if conf.script:
+        return PythonScript(path=_script_path(conf.script, host), python=python, args=args)
+    if conf.module:
+        if not _MODULE_NAME.match(conf.module):
+            raise ConfigError("module", "not a module name", conf.module, "expected e.g. pkg.train")
+        return PythonModule(name=conf.module, python=python, args=args)
+    assert conf.cmd is not None
+    return _command(conf.cmd, args, host)
+
+
+def _script_path(script: str, host: Host) -> str:
+    path = os.path.join(host.cwd, os.path.expanduser(script))
+    form = "expected the path of a Python file, relative to the current directory"
+    if os.path.isdir(path):
+        raise ConfigError("script", "is a directory", script, form, "Use module=NAME for a package.")
+    if not os.path.isfile(path):
+        raise ConfigError("script", f"no such file in {host.cwd}", script, form)
+    return os.path.abspath(path)
+
+
+def _command(cmd: str, args: tuple[str, ...], host: Host) -> Command:
+    try:
+        words = shlex.split(cmd)
+    except ValueError as exc:
+        raise ConfigError("cmd", f"cannot be split into words ({exc})", cmd, "check its quotes")
+    if not words:
+        raise ConfigError("cmd", "is empty", cmd, "expected a program, e.g. cmd=./bin/train")
+    program = words[0]
+    if os.sep in program:
+        found = os.path.join(host.cwd, os.path.expanduser(program))
+        ok = os.path.isfile(found) and os.access(found, os.X_OK)
+    else:
+        found = shutil.which(program, path=host.environ.get("PATH")) or ""
+        ok = bool(found)
+    if not ok:
+        raise ConfigError(
+            "cmd", "program not found or not executable", program, "expected a program on PATH"
+        )
+    return Command(program=program, args=(*words[1:], *args))
+
+
+# ------------------------------------------------------------------------------------- rendezvous
+def _rendezvous(conf: ElasticHydraConf, nnodes: NodeRange) -> Standalone | Static | Dynamic:
+    r = conf.rdzv
+    if r.backend not in BACKENDS:
+        raise ConfigError(
+            "rdzv.backend", "unknown backend", r.backend, f"expected one of {', '.join(BACKENDS)}"
+        )
+    if conf.node_rank < 0:
+        raise ConfigError("node_rank", "is negative", conf.node_rank, "expected 0 <= node_rank")
+    if r.backend == "standalone":
+        if nnodes.max != 1:
+            raise ConfigError(
+                "nnodes",
+                "standalone runs exactly one node",
+                str(nnodes),
+                "expected nnodes=1 with rdzv=standalone",
+                "For several nodes pick rdzv=c10d (or static, etcd-v2, etcd).",
+            )
+        return Standalone()
+    if r.backend == "static":
+        return _static(conf, nnodes)
+    endpoint = parse_endpoint(r.endpoint, DEFAULT_PORTS[r.backend], key="rdzv.endpoint")
+    for name in (
+        "join_timeout",
+        "last_call_timeout",
+        "close_timeout",
+        "heartbeat_timeout",
+        "keep_alive_interval",
+        "read_timeout",
+    ):
+        _seconds(f"rdzv.{name}", getattr(r, name))
+    if r.keep_alive_max_attempt < 1:
+        raise ConfigError(
+            "rdzv.keep_alive_max_attempt", "must be at least 1", r.keep_alive_max_attempt, "e.g. 3"
+        )
+    return Dynamic(
+        backend=DynamicBackend(r.backend),
+        endpoint=endpoint,
+        join_timeout=r.join_timeout,
+        last_call_timeout=r.last_call_timeout,
+        close_timeout=r.close_timeout,
+        heartbeat_timeout=r.heartbeat_timeout,
+        keep_alive_interval=r.keep_alive_interval,
+        keep_alive_max_attempt=r.keep_alive_max_attempt,
+        read_timeout=r.read_timeout,
+        is_host=r.is_host,
+    )
+
+
+def _static(conf: ElasticHydraConf, nnodes: NodeRange) -> Static:
+    if nnodes.min != nnodes.max:
+        raise ConfigError(
+            "nnodes", "static rendezvous cannot be elastic", str(nnodes), "expected a fixed N",
+            "Use rdzv=c10d for MIN:MAX.",
+        )  # fmt: skip
+    if conf.node_rank >= nnodes.max:
+        raise ConfigError(
+            "node_rank",
+            f"must be below nnodes={nnodes.max}",
+            conf.node_rank,
+            f"expected 0 <= node_rank < {nnodes.max}",
+        )
+    if not conf.master_addr and nnodes.max > 1:
+        raise ConfigError(
+            "master_addr",
+            "required for a static job on several nodes",
+            "<unset>",
+            "expected the address of node 0, e.g. master_addr=node0.example.com",
+        )
+    port = STATIC_DEFAULT_PORT if conf.master_port is None else conf.master_port
+    _port("master_port", port, port)
+    _seconds("rdzv.timeout", conf.rdzv.timeout)
+    return Static(
+        master=Endpoint(host=conf.master_addr or "127.0.0.1", port=port),
+        node_rank=conf.node_rank,
+        timeout=conf.rdzv.timeout,
+    )
+
+
+def parse_endpoint(text: str, default_port: int, *, key: str) -> Endpoint:
+    """`host`, `host:port` or `[v6addr]:port` -> Endpoint."""
+    form = "expected host[:port], e.g. node0:29400 or [::1]:29400"
+    raw = text.strip()
+    if raw.startswith("["):
+        host, sep, rest = raw[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ConfigError(key, "malformed IPv6 endpoint", text, form)
+        port_text = rest[1:] if rest else ""
+    else:
+        host, _, port_text = raw.partition(":")
+        if ":" in port_text:
+            raise ConfigError(key, "too many ':'", text, form, "Write an IPv6 host as [addr]:port.")
+    if not host:
+        raise ConfigError(key, "no host", text, form)
+    if port_text == "":
+        return Endpoint(host=host, port=default_port)
+    if not port_text.isdigit():
+        raise ConfigError(key, "port is not a number", text, form)
+    return Endpoint(host=host, port=_port(key, int(port_text), text))
+
+
+def _port(key: str, port: int, shown: object) -> int:
+    if not 1 <= port <= 65535:
+        raise ConfigError(key, "port out of range", shown, "expected a port in 1..65535")
+    return port
+
+
+# ---------------------------------------------------------------------------------- restart, logs
+def _restart(r: RestartConf) -> RestartSpec:
+    if r.max_restarts < 0:
+        raise ConfigError(
+            "restart.max_restarts", "is negative", r.max_restarts, "expected 0 (never) or more"
+        )
+    b = r.backoff
+    _seconds("restart.backoff.initial", b.initial, allow_zero=True)
+    _seconds("restart.backoff.max", b.max, allow_zero=True)
+    if b.multiplier < 1:
+        raise ConfigError("restart.backoff.multiplier", "below 1", b.multiplier, "expected >= 1")
+    if not 0 <= b.jitter < 1:
+        raise ConfigError(
+            "restart.backoff.jitter", "out of range", b.jitter, "expected a fraction in [0, 1)"
+        )
+    window = None
+    if (r.window_restarts is None) != (r.window_seconds is None):
+        raise ConfigError(
+            "restart.window_restarts" if r.window_restarts is None else "restart.window_seconds",
+            "set without its pair",
+            "<unset>",
+            "expected both restart.window_restarts and restart.window_seconds, or neither",
+        )
+    if r.window_restarts is not None and r.window_seconds is not None:
+        if r.window_restarts < 1:
+            raise ConfigError(
+                "restart.window_restarts", "must be at least 1", r.window_restarts, "e.g. 5"
+            )
+        window = RestartWindow(
+            max_restarts=r.window_restarts,
+            seconds=_seconds("restart.window_seconds", r.window_seconds),
+        )
+    return RestartSpec(
+        max_restarts=r.max_restarts,
+        backoff=Backoff(initial=b.initial, maximum=b.max, multiplier=b.multiplier, jitter=b.jitter),
+        window=window,
+        on_exit_code=tuple(
+            (_exit_code(k), _action(f"restart.on_exit_code.{k}", v))
+            for k, v in r.on_exit_code.items()
+        ),
+        on_signal=tuple(
+            (_signal_number(k), _action(f"restart.on_signal.{k}", v))
+            for k, v in r.on_signal.items()
+        ),
+        fail_fast_seconds=_seconds("restart.fail_fast_seconds", r.fail_fast_seconds, True),
+    )
+
+
+def _exit_code(key: object) -> int:
+    text = str(key).strip()
+    if not text.isdigit() or not 0 < int(text) < 256:
+        raise ConfigError(
+            f"restart.on_exit_code.{key}", "not an exit code", key, "expected 1..255, e.g. {3: fail}"
+        )
+    return int(text)
+
+
+def _signal_number(key: object) -> int:
+    name = str(key).strip().upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        raise ConfigError(
+            f"restart.on_signal.{key}", "unknown signal", key, "expected a name, e.g. SIGKILL"
+        ) from None
+
+
+def _action(key: str, value: str) -> Action:
+    try:
+        return Action(value.strip().lower())
+    except ValueError:
+        raise ConfigError(key, "unknown action", value, "expected retry or fail") from None
+
+
+def _logs(logs: LogsConf, nproc: int) -> LogSpec:
+    ranks = None
+    if logs.ranks is not None:
+        bad = [r for r in logs.ranks if not 0 <= r < nproc]
+        if bad:
+            raise ConfigError(
+                "logs.ranks", f"no such local rank with nproc_per_node={nproc}", bad[0],
+                f"expected local ranks in 0..{nproc - 1}",
+            )  # fmt: skip
+        ranks = frozenset(logs.ranks)
+    try:
+        logs.prefix.format(role="r", rank=0, local_rank=0)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            "logs.prefix", f"bad format field {exc}", logs.prefix,
+            "expected text with {role}, {rank} or {local_rank}",
+        ) from None  # fmt: skip
+    if logs.tail_lines < 0:
+        raise ConfigError("logs.tail_lines", "is negative", logs.tail_lines, "expected 0 or more")
+    return LogSpec(
+        tee=logs.tee and not logs.quiet,
+        quiet=logs.quiet,
+        console_ranks=ranks,
+        prefix=logs.prefix,
+        tail_lines=logs.tail_lines,
+    )
+
+
+def _env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise ConfigError(
+                f"env.{name}", "not a valid variable name", name,
+                "expected letters, digits and _, not starting with a digit, e.g. env.NCCL_DEBUG=INFO",
+            )  # fmt: skip
+        if "\0" in str(value):
+            raise ConfigError(f"env.{name}", "contains a NUL byte", value, "expected plain text")
+    return tuple((str(k), str(v)) for k, v in env.items())
+
+
+def _seconds(key: str, value: float, allow_zero: bool = False) -> float:
+    if value < 0 or (value == 0 and not allow_zero):
+        expected = "expected seconds >= 0" if allow_zero else "expected seconds > 0"
+        raise ConfigError(key, "must be positive", value, expected)
+    return float(value)
+
+
+def _nonempty(key: str, value: str) -> str:
+    if not value.strip():
+        raise ConfigError(key, "is empty", value, "expected a name")
+    return value
+
+
+# ------------------------------------------------------------------------- hydra's own errors
+def explain(exc: BaseException) -> str:
+    """One line for a composition error raised by Hydra or OmegaConf."""
+    if isinstance(exc, ConfigError):
+        return exc.line()
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
+        group, _, option = exc.missing_cfg_file.rpartition("/")
+        choices = ", ".join(exc.options or [])
+        if group:
+            return ConfigError(group, "no such preset", option, f"expected one of {choices}").line()
+        return ConfigError("job", "config not found", exc.missing_cfg_file, "check the path").line()
+    if isinstance(exc, OverrideParseException):
+        first = str(exc).strip().splitlines()[0]
+        return f"overrides: cannot parse ({first}); expected key=value. Quote values with spaces."
+    cause = exc.__cause__ if isinstance(exc, HydraException) else None
+    if isinstance(cause, OmegaConfBaseException):
+        return _from_omegaconf(cause).line()
+    if isinstance(exc, OmegaConfBaseException):
+        return _from_omegaconf(exc).line()
+    return " ".join(str(exc).split())
+
+
+def _from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
+    key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "config")
+    msg = str(getattr(exc, "msg", "") or exc).strip().splitlines()[0]
+    if key.startswith("env."):
+        return ConfigError(key, "not a plain value", "<a mapping>", "expected env.NAME=value")
+    if re.match(r"Key '.*' not in", msg) or (isinstance(exc, ConfigKeyError) and "not in" in msg):
+        return _unknown_key(key)
+    if "Missing mandatory value" in msg:
+        return ConfigError(key, "required value is missing", "???", f"set it: {key}=...")
+    found = re.search(r"Value '(.*)' of type '(\w+)'", msg)
+    value: object = found.group(1) if found else "<invalid>"
+    return ConfigError(key, msg.rstrip("."), value, f"expected {_describe(_field_type(key))}")
+
+
+def _unknown_key(key: str) -> ConfigError:
+    known = schema_keys()
+    last = key.rsplit(".", 1)[-1]
+    near = difflib.get_close_matches(key, known, n=1) or [
+        k for k in known if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.75)
+    ][:1]
+    hint = f"Did you mean {near[0]}?" if near else "See elastic-hydra --help for the keys."
+    return ConfigError(key, "unknown key", key, "expected a key of the job schema", hint)
+
+
+def schema_keys(cls: type = ElasticHydraConf, prefix: str = "") -> list[str]:
+    """Every key of the schema, dotted (env.* and hp.* are free-form)."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            keys += schema_keys(typing.cast(type, kind), f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def _field_type(key: str) -> object:
+    kind: object = ElasticHydraConf
+    for part in key.split("."):
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            return kind
+        kind = typing.get_type_hints(kind).get(part, Any)
+    return kind
+
+
+def _describe(kind: object) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if isinstance(kind, type) and kind in names:
+        return names[kind]
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return f"{_describe(args[0])} or null"
+    if origin is list and args:
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return "a mapping"
+    if kind in (RdzvConf, RestartConf, LogsConf):
+        return "a mapping"
+    return "a valid value"

@@ -1,0 +1,118 @@
+"""The typed Hydra schema of a job (mutable `*Conf` dataclasses registered in Hydra's ConfigStore).
+
+Composition checks key names and types against it; `resolve` checks everything else. Defaults equal
+torchrun's where torchrun has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+SCHEMA_NAME = "elastic_hydra_schema"
+
+
+@dataclass
+class RdzvConf:
+    # standalone (one node, nothing external), static (fixed node ranks), or a torch rendezvous
+    # handler: c10d, etcd-v2, etcd.
+    backend: str = "standalone"
+    # host[:port] of the c10d store or etcd server (c10d default port 29400, etcd 2379).
+    endpoint: str = ""
+    # Job id shared by all nodes (TORCHELASTIC_RUN_ID); default: a fresh uuid for standalone,
+    # "none" otherwise, as torchrun.
+    id: str | None = None
+    # torch rendezvous settings (torchrun's --rdzv-conf keys and defaults), in seconds.
+    join_timeout: float = 600.0
+    last_call_timeout: float = 30.0
+    close_timeout: float = 30.0
+    heartbeat_timeout: float = 5.0
+    keep_alive_interval: float = 5.0
+    keep_alive_max_attempt: int = 3
+    read_timeout: float = 60.0
+    # c10d: host the store in this agent (default: when the endpoint is this machine).
+    is_host: bool | None = None
+    # static and legacy etcd: how long node 0 waits for the others.
+    timeout: float = 900.0
+
+
+@dataclass
+class BackoffConf:
+    # Delay before restart k: min(initial * multiplier**(k-1), max), then +-jitter (a fraction).
+    initial: float = 0.0
+    max: float = 60.0
+    multiplier: float = 2.0
+    jitter: float = 0.0
+
+
+@dataclass
+class RestartConf:
+    # Restarts of the worker group after a failure (torchrun --max-restarts). 0 = never.
+    max_restarts: int = 0
+    backoff: BackoffConf = field(default_factory=BackoffConf)
+    # At most window_restarts restarts in any window_seconds (both set, or neither).
+    window_restarts: int | None = None
+    window_seconds: float | None = None
+    # Per exit code / per signal: "retry" or "fail", e.g. {3: fail} and {SIGKILL: fail}.
+    on_exit_code: dict[Any, str] = field(default_factory=dict)
+    on_signal: dict[Any, str] = field(default_factory=dict)
+    # A failure within this many seconds of an attempt's start stops the job (0 = off).
+    fail_fast_seconds: float = 0.0
+
+
+@dataclass
+class LogsConf:
+    # Where run directories go (relative to the current directory).
+    root: str = "eh_logs"
+    # Copy worker output to the console (files are always written).
+    tee: bool = True
+    # Nothing on the console but the final summary.
+    quiet: bool = False
+    # Local ranks whose output reaches the console; null = all.
+    ranks: list[int] | None = None
+    # Console prefix of each line; fields {role} {rank} {local_rank} (torchrun's default form).
+    prefix: str = "[{role}{local_rank}]:"
+    # Lines of a failed worker's stderr shown in the summary.
+    tail_lines: int = 20
+
+
+@dataclass
+class ElasticHydraConf:
+    # Exactly one entrypoint: a Python script, a module (python -m), or a program (cmd).
+    script: str | None = None
+    module: str | None = None
+    cmd: str | None = None
+    # Arguments of the entrypoint; `elastic-hydra ... -- ARGS` fills this byte for byte.
+    args: list[str] = field(default_factory=list)
+    # "N" or "MIN:MAX" (quote it in YAML: unquoted 2:4 is the integer 124).
+    nnodes: Any = 1
+    # Workers per node: an integer, gpu, cpu or auto.
+    nproc_per_node: Any = 1
+    # This node's rank (static rendezvous).
+    node_rank: int = 0
+    # Static rendezvous: where node 0 hosts the store (one node: 127.0.0.1 and 29500, as torchrun;
+    # several nodes: master_addr is required).
+    master_addr: str | None = None
+    master_port: int | None = None
+    # This node's address as the others see it (default: its hostname).
+    local_addr: str | None = None
+    # ROLE_NAME of the workers.
+    role: str = "default"
+    rdzv: RdzvConf = field(default_factory=RdzvConf)
+    restart: RestartConf = field(default_factory=RestartConf)
+    logs: LogsConf = field(default_factory=LogsConf)
+    # Seconds between SIGTERM and SIGKILL when workers are stopped (torchrun: 30).
+    stop_grace: float = 30.0
+    # Seconds between membership checks while workers run (torchrun --monitor-interval).
+    monitor_interval: float = 0.1
+    # Extra environment for the workers.
+    env: dict[str, str] = field(default_factory=dict)
+    # Free-form values to interpolate into args, e.g. args: [--lr, "${hp.lr}"]; sweep them with -m.
+    hp: dict[str, Any] = field(default_factory=dict)
+
+
+def register() -> None:
+    """Register the schema; `elastic_hydra_base.yaml` pulls it in through its defaults list."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=ElasticHydraConf)

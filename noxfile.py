@@ -1,0 +1,32 @@
+"""Developer sessions: `nox -s lint typecheck tests`, and `nox -s bench` for the benchmarks."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+# Pinned: this version is the local CPU wheel; an unpinned torch pulls GBs of CUDA packages.
+TORCH = "torch==2.13.0"
+PYTHON = "3.11"
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".", "mypy>=1.10")
+    session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    session.install("-e", ".[test]", TORCH, "python-etcd")
+    # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
+    session.run("pytest", *session.posargs)
