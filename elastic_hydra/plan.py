@@ -10,11 +10,10 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-_FROZEN = {"frozen": True, "slots": True, "kw_only": True}
 
 
 # --------------------------------------------------------------------------------------- entrypoint
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PythonScript:
     """`python -u <path> args...`; `path` is absolute."""
 
@@ -23,7 +22,7 @@ class PythonScript:
     args: tuple[str, ...] = ()
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PythonModule:
     """`python -u -m <name> args...`."""
 
@@ -32,7 +31,7 @@ class PythonModule:
     args: tuple[str, ...] = ()
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
     """A non-Python program, executed directly."""
 
@@ -55,7 +54,7 @@ def worker_argv(entry: Entrypoint) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------------------- rendezvous
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Endpoint:
     host: str
     port: int
@@ -65,14 +64,14 @@ class Endpoint:
         return f"{host}:{self.port}"
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Standalone:
     """One node, no external service: the agent allocates the master port itself."""
 
     host: str = "127.0.0.1"
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Static:
     """Fixed node ranks; node 0's workers host the store at master_addr:master_port."""
 
@@ -87,7 +86,7 @@ class DynamicBackend(enum.Enum):
     ETCD = "etcd"
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Dynamic:
     """A torch.distributed.elastic rendezvous handler (c10d, etcd-v2 or legacy etcd)."""
 
@@ -112,7 +111,7 @@ class Action(enum.Enum):
     FAIL = "fail"
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Backoff:
     """Delay before restart k (k = 1, 2, ...): min(initial * multiplier**(k-1), maximum) +- jitter."""
 
@@ -122,7 +121,7 @@ class Backoff:
     jitter: float = 0.0  # fraction of the delay, 0.1 = +-10 %
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RestartWindow:
     """At most `max_restarts` restarts within any `seconds`-long window."""
 
@@ -130,7 +129,7 @@ class RestartWindow:
     seconds: float
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RestartSpec:
     max_restarts: int = 0
     backoff: Backoff = Backoff()
@@ -141,7 +140,7 @@ class RestartSpec:
 
 
 # --------------------------------------------------------------------------------------------- logs
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LogSpec:
     tee: bool = True
     quiet: bool = False
@@ -151,7 +150,7 @@ class LogSpec:
 
 
 # --------------------------------------------------------------------------------------------- plan
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeRange:
     min: int
     max: int
@@ -160,7 +159,7 @@ class NodeRange:
         return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchPlan:
     """Everything the executor needs for one launch, validated."""
 

@@ -8,20 +8,21 @@ from __future__ import annotations
 import shlex
 import signal
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from elastic_hydra.outcome import RunOutcome, Status, describe_returncode
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
 
 if TYPE_CHECKING:
     from elastic_hydra.cli import JobResult
 
 
-def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, soft_wrap=False, highlight=False)
+def console(stderr: bool = False, soft_wrap: bool = False) -> Console:
+    return Console(stderr=stderr, soft_wrap=soft_wrap, highlight=False)
 
 
 def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
@@ -114,3 +115,25 @@ def sweep_table(results: Sequence[JobResult]) -> Table:
 
 def print_sweep(results: Sequence[JobResult]) -> None:
     console().print(sweep_table(results))
+
+
+def print_outcome(
+    plan: LaunchPlan, outcome: RunOutcome, summary: dict[str, Any], *, quiet: bool = False
+) -> None:
+    """The closing lines of a launch, on stderr."""
+    out = console(stderr=True, soft_wrap=True)
+    took = f"{summary['duration_s']:.2f} s, {outcome.attempts} attempt(s)"
+    if outcome.status is Status.SUCCEEDED:
+        if not quiet:
+            out.print(f"[green]elastic-hydra: succeeded[/] ({took}); run dir {plan.run_dir}")
+        return
+    out.print(f"[bold red]elastic-hydra: {outcome.status.value}[/]: {outcome.reason} ({took})")
+    cause = outcome.root_cause
+    if cause is not None:
+        out.print(
+            f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}), "
+            f"{describe_returncode(cause.returncode)}"
+        )
+    if outcome.stuck_pids:
+        out.print(f"  [red]processes that would not die:[/] {list(outcome.stuck_pids)}")
+    out.print(f"  run dir {plan.run_dir}")

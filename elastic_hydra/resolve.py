@@ -351,20 +351,28 @@ def _restart(r: RestartConf) -> RestartSpec:
             max_restarts=r.window_restarts,
             seconds=_seconds("restart.window_seconds", r.window_seconds),
         )
+    on_exit_code = _rules("restart.on_exit_code", r.on_exit_code, _exit_code)
+    on_signal = _rules("restart.on_signal", r.on_signal, _signal_number)
     return RestartSpec(
         max_restarts=r.max_restarts,
         backoff=Backoff(initial=b.initial, maximum=b.max, multiplier=b.multiplier, jitter=b.jitter),
         window=window,
-        on_exit_code=tuple(
-            (_exit_code(k), _action(f"restart.on_exit_code.{k}", v))
-            for k, v in r.on_exit_code.items()
-        ),
-        on_signal=tuple(
-            (_signal_number(k), _action(f"restart.on_signal.{k}", v))
-            for k, v in r.on_signal.items()
-        ),
+        on_exit_code=on_exit_code,
+        on_signal=on_signal,
         fail_fast_seconds=_seconds("restart.fail_fast_seconds", r.fail_fast_seconds, True),
     )
+
+
+def _rules(
+    key: str, rules: Mapping[Any, str], parse: Callable[[object], int]
+) -> tuple[tuple[int, Action], ...]:
+    out: dict[int, Action] = {}
+    for name, action in rules.items():
+        number = parse(name)
+        if number in out:
+            raise ConfigError(f"{key}.{name}", "a second rule for the same code", name, "keep one")
+        out[number] = _action(f"{key}.{name}", action)
+    return tuple(out.items())
 
 
 def _exit_code(key: object) -> int:
@@ -429,6 +437,8 @@ def _env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
                 f"env.{name}", "not a valid variable name", name,
                 "expected letters, digits and _, not starting with a digit, e.g. env.NCCL_DEBUG=INFO",
             )  # fmt: skip
+        if not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(f"env.{name}", "not a plain value", "<a mapping>", "expected text")
         if "\0" in str(value):
             raise ConfigError(f"env.{name}", "contains a NUL byte", value, "expected plain text")
     return tuple((str(k), str(v)) for k, v in env.items())

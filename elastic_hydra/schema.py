@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 SCHEMA_NAME = "elastic_hydra_schema"
 
@@ -115,4 +116,8 @@ class ElasticHydraConf:
 
 def register() -> None:
     """Register the schema; `elastic_hydra_base.yaml` pulls it in through its defaults list."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=ElasticHydraConf)
+    node = OmegaConf.structured(ElasticHydraConf)
+    # Open the free-form mappings so `env.NCCL_DEBUG=INFO` and `hp.lr=0.1` need no `+`.
+    OmegaConf.set_struct(node.env, False)
+    OmegaConf.set_struct(node.hp, False)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=node)

@@ -1,0 +1,206 @@
+"""The local agent: wires the executor to real processes, signals, files and the console."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from elastic_hydra import render
+from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
+from elastic_hydra.events import Event, EventKind
+from elastic_hydra.executor import Executor, Rendezvous
+from elastic_hydra.logpump import ConsoleSink
+from elastic_hydra.outcome import RunOutcome
+from elastic_hydra.plan import LaunchPlan, to_dict
+from elastic_hydra.rendezvous import LocalRendezvous
+from elastic_hydra.rundir import RunDir
+from elastic_hydra.supervise import LocalWorkers, WorkerSpec
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
+
+
+class StopFlag:
+    """Set by the signal handlers; the wake pipe gets a byte so every wait returns at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.read_fd, self.write_fd = os.pipe()
+        for fd in (self.read_fd, self.write_fd):
+            os.set_blocking(fd, False)
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.read_fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+@contextmanager
+def handle_signals(flag: StopFlag) -> Iterator[None]:
+    """Route SIGTERM/SIGINT/SIGHUP to `flag` (no KeyboardInterrupt), restoring handlers after."""
+    previous = {sig: signal.signal(sig, flag.handle) for sig in FORWARDED_SIGNALS}
+    old_wake = signal.set_wakeup_fd(flag.write_fd, warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old_wake)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class RealClock:
+    def __init__(self, flag: StopFlag) -> None:
+        self.flag = flag
+
+    def wall(self) -> float:
+        return time.time()
+
+    def mono(self) -> float:
+        return time.monotonic()
+
+    def random(self) -> float:
+        return random.random()
+
+    def sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.flag.signum is None and (left := deadline - time.monotonic()) > 0:
+            select.select([self.flag.read_fd], [], [], left)
+            self.flag.drain()
+
+
+class EventLog:
+    """Appends each event to events.jsonl as it happens (flushed: nothing lost if killed)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file: IO[str] = path.open("a", buffering=1)
+        self.events: list[Event] = []
+
+    def emit(self, kind: EventKind, **data: Any) -> None:
+        event = Event(kind=kind, wall_time=time.time(), mono_time=time.monotonic(), data=data)
+        self.events.append(event)
+        self.file.write(event.to_json() + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class LocalWorkerFactory:
+    """Builds each attempt's worker specs and starts them."""
+
+    def __init__(self, plan: LaunchPlan, run: RunDir, flag: StopFlag) -> None:
+        self.plan = plan
+        self.run = run
+        self.flag = flag
+        self.base_env = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.sink = None if plan.logs.quiet or not plan.logs.tee else ConsoleSink()
+        self.colour = sys.stdout.isatty()
+
+    def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> LocalWorkers:
+        specs = [self._spec(node, restart_count, round_no, lr) for lr in range(self.plan.nproc_per_node)]
+        return LocalWorkers(specs, self.sink, self.flag.read_fd)
+
+    def _spec(
+        self, node: NodeAssignment, restart_count: int, round_no: int, local_rank: int
+    ) -> WorkerSpec:
+        files = WorkerFiles(
+            run_dir=str(self.run.root),
+            plan_path=str(self.run.plan),
+            config_path=str(self.run.config),
+            error_file=str(self.run.error_file(round_no, local_rank)),
+        )
+        rank = node.base_rank + local_rank
+        ranks = self.plan.logs.console_ranks
+        return WorkerSpec(
+            local_rank=local_rank,
+            rank=rank,
+            argv=self.plan.argv,
+            env=worker_env(
+                self.plan, self.base_env, node, local_rank=local_rank, attempt=restart_count,
+                files=files,
+            ),  # fmt: skip
+            cwd=self.cwd,
+            stdout=self.run.stdout(round_no, local_rank),
+            stderr=self.run.stderr(round_no, local_rank),
+            tee=self.sink is not None and (ranks is None or local_rank in ranks),
+            prefix=self._prefix(rank, local_rank),
+        )
+
+    def _prefix(self, rank: int, local_rank: int) -> bytes:
+        text = self.plan.logs.prefix.format(role=self.plan.role, rank=rank, local_rank=local_rank)
+        if self.colour:
+            text = f"\x1b[{_COLOURS[rank % len(_COLOURS)]}m{text}\x1b[0m"
+        return text.encode()
+
+
+def make_rendezvous(plan: LaunchPlan) -> Rendezvous:
+    return LocalRendezvous(plan)
+
+
+def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
+    """Run the plan to its end on this node; returns the exit code and the summary written."""
+    run_dir = RunDir(Path(plan.run_dir))
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    flag = StopFlag()
+    events = EventLog(run_dir.events)
+    rdzv: Rendezvous | None = None
+    outcome: RunOutcome | None = None
+    try:
+        with handle_signals(flag):
+            rdzv = make_rendezvous(plan)
+            outcome = Executor(
+                plan,
+                rendezvous=rdzv,
+                workers=LocalWorkerFactory(plan, run_dir, flag),
+                clock=RealClock(flag),
+                observer=events,
+                stop=flag,
+            ).run()
+    finally:
+        if rdzv is not None:
+            rdzv.close()
+        events.close()
+        flag.close()
+    summary = summarize(plan, outcome, time.monotonic() - started)
+    run_dir.summary.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    render.print_outcome(plan, outcome, summary, quiet=plan.logs.quiet)
+    return outcome.exit_code, summary
+
+
+def summarize(plan: LaunchPlan, outcome: RunOutcome, duration: float) -> dict[str, Any]:
+    """The machine-readable summary.json."""
+    cause = outcome.root_cause
+    return {
+        "status": outcome.status.value,
+        "exit_code": outcome.exit_code,
+        "message": outcome.reason,
+        "attempts": outcome.attempts,
+        "duration_s": round(duration, 6),
+        "run_id": plan.run_id,
+        "run_dir": plan.run_dir,
+        "signal": outcome.signal,
+        "stuck_pids": list(outcome.stuck_pids),
+        "root_cause": to_dict(cause) if cause else None,
+        "exits": [to_dict(e) for e in outcome.exits],
+    }

@@ -1,0 +1,83 @@
+"""Each worker's environment: a pure function of the plan, the rendezvous result and the attempt.
+
+Compatible with torchrun's contract (the variables below), plus our own ELASTIC_HYDRA_* ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from elastic_hydra.plan import Endpoint, LaunchPlan
+
+RUN_DIR = "ELASTIC_HYDRA_RUN_DIR"
+ATTEMPT = "ELASTIC_HYDRA_ATTEMPT"
+PLAN_PATH = "ELASTIC_HYDRA_PLAN"
+CONFIG_PATH = "ELASTIC_HYDRA_CONFIG"
+
+# Variables torchrun's agent sets for its own use that must not leak into our workers' contract.
+_AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeAssignment:
+    """This node's place in the job, from the rendezvous."""
+
+    group_rank: int  # node rank
+    group_world_size: int  # number of nodes
+    base_rank: int  # global rank of local rank 0
+    world_size: int
+    role_base_rank: int
+    role_world_size: int
+    master: Endpoint
+    use_agent_store: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerFiles:
+    run_dir: str
+    plan_path: str
+    config_path: str
+    error_file: str
+
+
+def worker_env(
+    plan: LaunchPlan,
+    base: Mapping[str, str],
+    node: NodeAssignment,
+    *,
+    local_rank: int,
+    attempt: int,
+    files: WorkerFiles,
+) -> dict[str, str]:
+    """The complete environment of one worker (base = the agent's environment at start)."""
+    env = {k: v for k, v in base.items() if k not in _AGENT_ONLY}
+    if "OMP_NUM_THREADS" not in env and plan.nproc_per_node > 1:
+        env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: avoid oversubscribing the CPUs
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.update(plan.env)
+    env.update(
+        {
+            "LOCAL_RANK": str(local_rank),
+            "RANK": str(node.base_rank + local_rank),
+            "GROUP_RANK": str(node.group_rank),
+            "ROLE_RANK": str(node.role_base_rank + local_rank),
+            "ROLE_NAME": plan.role,
+            "LOCAL_WORLD_SIZE": str(plan.nproc_per_node),
+            "WORLD_SIZE": str(node.world_size),
+            "GROUP_WORLD_SIZE": str(node.group_world_size),
+            "ROLE_WORLD_SIZE": str(node.role_world_size),
+            "MASTER_ADDR": node.master.host,
+            "MASTER_PORT": str(node.master.port),
+            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(plan.restart.max_restarts),
+            "TORCHELASTIC_RUN_ID": plan.run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": str(node.use_agent_store),
+            "TORCHELASTIC_ERROR_FILE": files.error_file,
+            RUN_DIR: files.run_dir,
+            ATTEMPT: str(attempt),
+            PLAN_PATH: files.plan_path,
+            CONFIG_PATH: files.config_path,
+        }
+    )
+    return env

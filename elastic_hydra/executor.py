@@ -1,0 +1,245 @@
+"""The agent loop: rendezvous -> start workers -> monitor -> restart policy -> finish.
+
+Composed of injected seams (rendezvous, worker-group factory, clock, observer) so that tests can
+drive it with fakes. It never prints and never sees a DictConfig.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from elastic_hydra import policy
+from elastic_hydra.env import NodeAssignment
+from elastic_hydra.errors import RendezvousError
+from elastic_hydra.events import EventKind
+from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, describe_returncode, root_cause
+from elastic_hydra.plan import Action, LaunchPlan, Standalone, Static
+from elastic_hydra.supervise import Exited
+
+
+class Rendezvous(Protocol):
+    def next_round(self) -> NodeAssignment:
+        """Join the next round; blocks until it completes. Raises RendezvousError."""
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes that want to join the running round (0 when membership is fixed)."""
+
+    def close(self) -> None: ...
+
+
+class WorkerGroup(Protocol):
+    @property
+    def pids(self) -> list[int]: ...
+
+    def running(self) -> list[int]: ...
+
+    def wait(self, timeout: float | None) -> list[Exited]: ...
+
+    def stop(self, sig: int, grace: float) -> tuple[list[Exited], list[int]]: ...
+
+    def close(self) -> None: ...
+
+
+class WorkerGroupFactory(Protocol):
+    def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> WorkerGroup:
+        """Start one attempt's workers."""
+
+
+class Clock(Protocol):
+    def wall(self) -> float: ...
+
+    def mono(self) -> float: ...
+
+    def random(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, returning early when a stop is requested."""
+
+
+class Observer(Protocol):
+    def emit(self, kind: EventKind, **data: Any) -> None: ...
+
+
+class StopRequest(Protocol):
+    @property
+    def signum(self) -> int | None:
+        """The signal that asked the agent to stop, or None."""
+
+
+class _Ended(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    MEMBERSHIP = "membership"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class _State:
+    restarts: int = 0
+    restart_times: list[float] = field(default_factory=list)
+    rounds: int = 0
+    exits: list[WorkerExit] = field(default_factory=list)
+    stuck: list[int] = field(default_factory=list)
+    node: NodeAssignment | None = None
+    reason: str = ""
+
+
+class Executor:
+    """Runs one plan on this node to its outcome."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        *,
+        rendezvous: Rendezvous,
+        workers: WorkerGroupFactory,
+        clock: Clock,
+        observer: Observer,
+        stop: StopRequest,
+    ) -> None:
+        self.plan = plan
+        self.rdzv = rendezvous
+        self.start_workers = workers
+        self.clock = clock
+        self.observer = observer
+        self.stop_request = stop
+        self.state = _State()
+        # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
+        fixed = isinstance(plan.rdzv, (Standalone, Static))
+        self.check_every: float | None = None if fixed else plan.monitor_interval
+
+    def run(self) -> RunOutcome:
+        """Rendezvous, start, monitor and restart until success, final failure or a signal."""
+        while True:
+            if (stopped := self._stopped()) is not None:
+                return stopped
+            try:
+                node = self._rendezvous()
+            except RendezvousError as exc:
+                return self._finish(Status.RENDEZVOUS_FAILED, str(exc))
+            self.state.node = node
+            group = self.start_workers(node, self.state.restarts, self.state.rounds)
+            started = self.clock.mono()
+            self.observer.emit(EventKind.WORKERS_STARTED, pids=group.pids, round=self.state.rounds)
+            ended, reason = self._monitor(group, node)
+            self._stop_group(group, ended, reason)
+            self.state.rounds += 1
+            if ended is _Ended.SUCCEEDED:
+                return self._finish(Status.SUCCEEDED, reason)
+            if ended is _Ended.STOPPED:
+                return self._stopped() or self._finish(Status.STOPPED, reason)
+            if ended is _Ended.FAILED and not self._restart(started):
+                return self._finish(Status.FAILED, self.state.reason)
+
+    def _rendezvous(self) -> NodeAssignment:
+        node = self.rdzv.next_round()
+        self.observer.emit(
+            EventKind.RENDEZVOUS,
+            round=self.state.rounds,
+            node_rank=node.group_rank,
+            nodes=node.group_world_size,
+            world_size=node.world_size,
+            master=str(node.master),
+        )
+        return node
+
+    def _monitor(self, group: WorkerGroup, node: NodeAssignment) -> tuple[_Ended, str]:
+        while True:
+            for exited in group.wait(self.check_every):
+                record = self._record(exited, node)
+                if record.failed:
+                    return _Ended.FAILED, f"rank {record.rank} {describe_returncode(record.returncode)}"
+            if self.stop_request.signum is not None:
+                return _Ended.STOPPED, f"received {signal.Signals(self.stop_request.signum).name}"
+            if not group.running():
+                return _Ended.SUCCEEDED, "all workers exited with code 0"
+            if self.check_every is not None and self.rdzv.num_nodes_waiting() > 0:
+                return _Ended.MEMBERSHIP, "a node is waiting to join"
+
+    def _record(self, exited: Exited, node: NodeAssignment, by_launcher: bool = False) -> WorkerExit:
+        record = WorkerExit(
+            local_rank=exited.local_rank,
+            rank=node.base_rank + exited.local_rank,
+            pid=exited.pid,
+            returncode=exited.returncode,
+            wall_time=exited.wall_time,
+            mono_time=exited.mono_time,
+            attempt=self.state.restarts,
+            terminated_by_launcher=by_launcher,
+        )
+        self.state.exits.append(record)
+        self.observer.emit(
+            EventKind.WORKER_EXITED,
+            rank=record.rank,
+            local_rank=record.local_rank,
+            pid=record.pid,
+            returncode=record.returncode,
+            exit=describe_returncode(record.returncode),
+            terminated_by_launcher=by_launcher,
+            round=self.state.rounds,
+        )
+        return record
+
+    def _stop_group(self, group: WorkerGroup, ended: _Ended, reason: str) -> None:
+        sig = self.stop_request.signum if ended is _Ended.STOPPED else signal.SIGTERM
+        running = group.running()
+        exits, stuck = group.stop(sig or signal.SIGTERM, self.plan.stop_grace)
+        node = self.state.node
+        assert node is not None
+        for exited in exits:
+            self._record(exited, node, by_launcher=exited.local_rank in running)
+        group.close()
+        self.state.stuck += stuck
+        if running or stuck:
+            self.observer.emit(
+                EventKind.STOP, reason=reason, signal=signal.Signals(sig or signal.SIGTERM).name,
+                stopped_ranks=running, stuck_pids=stuck,
+            )  # fmt: skip
+
+    def _restart(self, started: float) -> bool:
+        cause = root_cause(e for e in self.state.exits if e.attempt == self.state.restarts)
+        assert cause is not None
+        decision = policy.decide(
+            self.plan.restart,
+            policy.Failure(returncode=cause.returncode, attempt_runtime=cause.mono_time - started),
+            restarts_done=self.state.restarts,
+            restart_times=self.state.restart_times,
+            now=self.clock.mono(),
+            u=self.clock.random(),
+        )
+        self.state.reason = decision.reason
+        if decision.action is Action.FAIL:
+            return False
+        self.observer.emit(
+            EventKind.RESTART, reason=decision.reason, delay=decision.delay,
+            restart=self.state.restarts + 1,
+        )  # fmt: skip
+        self.clock.sleep(decision.delay)
+        self.state.restarts += 1
+        self.state.restart_times.append(self.clock.mono())
+        return True
+
+    def _stopped(self) -> RunOutcome | None:
+        signum = self.stop_request.signum
+        if signum is None:
+            return None
+        self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
+        return self._finish(Status.STOPPED, f"received {signal.Signals(signum).name}", signum)
+
+    def _finish(self, status: Status, reason: str, signum: int | None = None) -> RunOutcome:
+        outcome = RunOutcome(
+            status=status,
+            attempts=self.state.restarts + 1,
+            reason=reason,
+            exits=tuple(self.state.exits),
+            signal=signum,
+            stuck_pids=tuple(self.state.stuck),
+        )
+        self.observer.emit(
+            EventKind.FINISH, status=status.value, exit_code=outcome.exit_code, reason=reason,
+            attempts=outcome.attempts,
+        )  # fmt: skip
+        return outcome

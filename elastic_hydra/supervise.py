@@ -1,0 +1,259 @@
+"""Start, watch and stop one attempt's worker processes. Knows nothing of restarts or rendezvous.
+
+Each worker runs in its own session (so a stop reaches its grandchildren through the process group)
+and dies with the agent (PR_SET_PDEATHSIG). Exits are seen through pidfds in a selector, so a
+failure wakes the agent at once instead of at the next poll; the same selector pumps teed output.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from elastic_hydra.logpump import ConsoleSink, LinePrefixer
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    local_rank: int
+    rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    stdout: Path
+    stderr: Path
+    tee: bool  # copy output to the console (else the worker writes straight into the files)
+    prefix: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exited:
+    local_rank: int
+    pid: int
+    returncode: int
+    wall_time: float
+    mono_time: float
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    def child() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the agent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return child
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, sink: ConsoleSink | None) -> None:
+        self.spec = spec
+        spec.stdout.parent.mkdir(parents=True, exist_ok=True)
+        out = os.open(spec.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        err = os.open(spec.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.files = {1: out, 2: err}
+        tee = spec.tee and sink is not None
+        self.proc = subprocess.Popen(
+            spec.argv,
+            env=spec.env,
+            cwd=spec.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if tee else out,
+            stderr=subprocess.PIPE if tee else err,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - no threads fork here
+        )
+        self.pid = self.proc.pid
+        self.pidfd = os.pidfd_open(self.pid)
+        self.pipes: dict[int, tuple[int, LinePrefixer, IO[bytes]]] = {}
+        if tee:
+            assert sink is not None and self.proc.stdout and self.proc.stderr
+            for stream, pipe in ((1, self.proc.stdout), (2, self.proc.stderr)):
+                os.set_blocking(pipe.fileno(), False)
+                self.pipes[pipe.fileno()] = (stream, LinePrefixer(spec.prefix, sink, stream), pipe)
+        self.exited: Exited | None = None
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class LocalWorkers:
+    """One attempt's worker processes on this node."""
+
+    def __init__(self, specs: list[WorkerSpec], sink: ConsoleSink | None, wake_fd: int) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._wake_fd = wake_fd
+        self._sel.register(wake_fd, selectors.EVENT_READ, None)
+        self.workers: list[_Worker] = []
+        try:
+            for spec in specs:
+                worker = _Worker(spec, sink)
+                self.workers.append(worker)
+                self._sel.register(worker.pidfd, selectors.EVENT_READ, worker)
+                for fd in worker.pipes:
+                    self._sel.register(fd, selectors.EVENT_READ, (worker, fd))
+        except BaseException:
+            self.stop(signal.SIGKILL, 0.0)
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
+
+    def running(self) -> list[int]:
+        return [w.spec.local_rank for w in self.workers if w.exited is None]
+
+    def wait(self, timeout: float | None) -> list[Exited]:
+        """Block until a worker exits, the wake fd is readable, or `timeout` passes (None: no limit).
+
+        Teed output is forwarded meanwhile. Returns the workers that exited (possibly none).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            exited, woken = self._poll(left)
+            if exited or woken or (deadline is not None and time.monotonic() >= deadline):
+                return exited
+            if not self.running() and not any(w.pipes for w in self.workers):
+                return exited
+
+    def _poll(self, timeout: float | None) -> tuple[list[Exited], bool]:
+        exited: list[Exited] = []
+        woken = False
+        for key, _ in self._sel.select(timeout):
+            if key.data is None:
+                woken = True
+                _drain(self._wake_fd)
+            elif isinstance(key.data, _Worker):
+                exited += self._reap(key.data)
+            else:
+                worker, fd = key.data
+                self._pump(worker, fd)
+        return exited, woken
+
+    def _reap(self, worker: _Worker) -> list[Exited]:
+        code = worker.proc.poll()
+        if code is None:
+            return []
+        self._sel.unregister(worker.pidfd)
+        os.close(worker.pidfd)
+        worker.exited = Exited(
+            local_rank=worker.spec.local_rank,
+            pid=worker.pid,
+            returncode=code,
+            wall_time=time.time(),
+            mono_time=time.monotonic(),
+        )
+        return [worker.exited]
+
+    def _pump(self, worker: _Worker, fd: int) -> None:
+        stream, prefixer, pipe = worker.pipes[fd]
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if data:
+            _write_all(worker.files[stream], data)
+            prefixer.feed(data)
+            return
+        prefixer.flush()
+        self._sel.unregister(fd)
+        del worker.pipes[fd]
+        pipe.close()
+
+    def stop(self, sig: int, grace: float) -> tuple[list[Exited], list[int]]:
+        """`sig` to every worker's process group, SIGKILL after `grace` s, bounded waits.
+
+        Returns the workers that exited meanwhile and the pids that would not die.
+        """
+        exited: list[Exited] = []
+        for w in self.workers:
+            w.signal_group(sig)
+        exited += self._wait_groups(grace)
+        if any(w.group_alive() for w in self.workers):
+            for w in self.workers:
+                w.signal_group(signal.SIGKILL)
+            exited += self._wait_groups(_KILL_WAIT)
+        stuck = [w.pid for w in self.workers if w.exited is None or w.group_alive()]
+        return exited, stuck
+
+    def _wait_groups(self, timeout: float) -> list[Exited]:
+        exited: list[Exited] = []
+        deadline = time.monotonic() + timeout
+        while any(w.exited is None or w.group_alive() for w in self.workers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            # Grandchildren have no pidfd here: poll the groups at a short, bounded interval.
+            found, _ = self._poll(min(left, 0.02))
+            exited += found
+        return exited
+
+    def close(self) -> None:
+        """Forward what is left in the pipes, then release every descriptor."""
+        deadline = time.monotonic() + 1.0
+        while any(w.pipes for w in self.workers) and time.monotonic() < deadline:
+            self._poll(0.05)
+        for w in self.workers:
+            for fd, (_, prefixer, pipe) in list(w.pipes.items()):
+                prefixer.flush()
+                self._sel.unregister(fd)
+                pipe.close()
+            w.pipes.clear()
+            if w.exited is None:
+                self._sel.unregister(w.pidfd)
+                os.close(w.pidfd)
+            for fd in w.files.values():
+                os.close(fd)
+            try:
+                w.proc.wait(timeout=0 if w.exited else 0.1)  # reap: never leave zombies
+            except subprocess.TimeoutExpired:
+                pass  # stuck in the kernel; reported by stop()
+        self._sel.close()
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EAGAIN:
+                time.sleep(0.001)
+                continue
+            raise

@@ -1,0 +1,51 @@
+"""Shared fixtures: no test may leave a live child process behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+ELASTIC_HYDRA = [sys.executable, "-m", "elastic_hydra"]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):  # type: ignore[no-untyped-def]
+    """Poll `predicate` until it returns a truthy value; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """Fail any test that leaves a descendant of this process alive (and kill it)."""
+    me = psutil.Process(os.getpid())
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    deadline = time.monotonic() + 5.0
+    left: list[psutil.Process] = []
+    while time.monotonic() < deadline:
+        left = [
+            p
+            for p in me.children(recursive=True)
+            if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        ]
+        if not left:
+            return
+        time.sleep(0.05)
+    names = [(p.pid, " ".join(p.cmdline()[:4])) for p in left]
+    for p in left:
+        p.kill()
+    pytest.fail(f"test left live processes behind: {names}")
