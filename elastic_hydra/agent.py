@@ -117,7 +117,9 @@ class LocalWorkerFactory:
         self.colour = sys.stdout.isatty()
 
     def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> LocalWorkers:
-        specs = [self._spec(node, restart_count, round_no, lr) for lr in range(self.plan.nproc_per_node)]
+        specs = [
+            self._spec(node, restart_count, round_no, lr) for lr in range(self.plan.nproc_per_node)
+        ]
         return LocalWorkers(specs, self.sink, self.flag.read_fd)
 
     def _spec(
@@ -136,9 +138,13 @@ class LocalWorkerFactory:
             rank=rank,
             argv=self.plan.argv,
             env=worker_env(
-                self.plan, self.base_env, node, local_rank=local_rank, attempt=restart_count,
+                self.plan,
+                self.base_env,
+                node,
+                local_rank=local_rank,
+                attempt=restart_count,
                 files=files,
-            ),  # fmt: skip
+            ),
             cwd=self.cwd,
             stdout=self.run.stdout(round_no, local_rank),
             stderr=self.run.stderr(round_no, local_rank),

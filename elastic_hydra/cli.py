@@ -1,12 +1,14 @@
 """The `elastic-hydra` command: argv sugar around Hydra, exit codes, and user-facing errors.
 
-    elastic-hydra [JOB.yaml] [-m] [--plan] [key=value ...] [-- SCRIPT ARGS ...]
+elastic-hydra [JOB.yaml] [-m] [--plan] [key=value ...] [-- SCRIPT ARGS ...]
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import sys
 import traceback
@@ -167,7 +169,7 @@ def _version() -> str:
 def _run_hydra(inv: Invocation) -> int:
     # Let Hydra's exceptions reach `main`, which prints them as one line with exit code 2, instead
     # of Hydra's multi-line report with exit code 1. `_run_hydra` looks the name up at call time.
-    hydra_utils.run_and_report = _reraise  # type: ignore[attr-defined]
+    hydra_utils.run_and_report = _reraise
     _results.clear()
     saved = sys.argv
     sys.argv = [saved[0] if saved else "elastic-hydra", *inv.hydra_argv]
@@ -192,17 +194,27 @@ def _hydra_entry(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
     overrides = list(OmegaConf.to_container(hc.overrides.task, resolve=False))  # type: ignore[arg-type]
-    multirun = hc.mode == RunMode.MULTIRUN
     try:
         plan = resolve_config(cfg, run_dir=run_dir)
     except ConfigError as exc:
-        if not multirun:
-            raise
+        # Reported here, not raised: Hydra would add its own line, and a sweep must go on.
         print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
-        _record(JobResult(overrides, EXIT_CONFIG, run_dir, exc.line()))
+        if HydraConfig.get().mode == RunMode.RUN:
+            _remove_run_dir(Path(run_dir))  # bad input leaves nothing behind
+            _results.append(JobResult(overrides, EXIT_CONFIG, run_dir, exc.line()))
+        else:
+            _record(JobResult(overrides, EXIT_CONFIG, run_dir, exc.line()))
         return
     Path(run_dir, PLAN_FILE).write_text(json.dumps(to_dict(plan), indent=2) + "\n")
     _record(launch(plan, overrides))
+
+
+def _remove_run_dir(path: Path) -> None:
+    """Remove a run dir that holds nothing but Hydra's saved config, and its emptied parents."""
+    if {p.name for p in path.iterdir()} <= {".hydra"}:
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.removedirs(path.parent)
 
 
 def launch(plan: LaunchPlan, overrides: list[str]) -> JobResult:

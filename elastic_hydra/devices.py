@@ -32,7 +32,7 @@ def gpu_count(environ: Mapping[str, str]) -> int:
     usable = 0
     for entry in entries:
         # CUDA stops at the first invalid entry (e.g. -1 hides every device).
-        if entry.isdigit() and int(entry) < total or entry.startswith(("GPU-", "MIG-")):
+        if (entry.isdigit() and int(entry) < total) or entry.startswith(("GPU-", "MIG-")):
             usable += 1
         else:
             break

@@ -1,8 +1,8 @@
 """The launcher's exceptions. Pure: no I/O.
 
-    ElasticHydraError
-     ├── ConfigError          a user's configuration is wrong: one line, exit code 2
-     └── RendezvousError      the rendezvous could not complete (unreachable, closed, timed out): exit 3
+ElasticHydraError
+ ├── ConfigError          a user's configuration is wrong: one line, exit code 2
+ └── RendezvousError      the rendezvous could not complete (unreachable, closed, timed out): exit 3
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ class ConfigError(ElasticHydraError):
 
     exit_code = EXIT_CONFIG
 
-    def __init__(self, key: str, problem: str, value: object, expected: str, hint: str = "") -> None:
+    def __init__(
+        self, key: str, problem: str, value: object, expected: str, hint: str = ""
+    ) -> None:
         self.key = key
         self.problem = problem
         self.value = value
@@ -36,8 +38,10 @@ class ConfigError(ElasticHydraError):
         super().__init__(self.line())
 
     def line(self) -> str:
-        got = self.value if isinstance(self.value, str) and self.value.startswith("<") else repr(
+        got = (
             self.value
+            if isinstance(self.value, str) and self.value.startswith("<")
+            else repr(self.value)
         )
         text = f"{self.key}: {self.problem} (got {got}); {self.expected}."
         return f"{text} {self.hint}" if self.hint else text

@@ -151,7 +151,10 @@ class Executor:
             for exited in group.wait(self.check_every):
                 record = self._record(exited, node)
                 if record.failed:
-                    return _Ended.FAILED, f"rank {record.rank} {describe_returncode(record.returncode)}"
+                    return (
+                        _Ended.FAILED,
+                        f"rank {record.rank} {describe_returncode(record.returncode)}",
+                    )
             if self.stop_request.signum is not None:
                 return _Ended.STOPPED, f"received {signal.Signals(self.stop_request.signum).name}"
             if not group.running():
@@ -159,7 +162,9 @@ class Executor:
             if self.check_every is not None and self.rdzv.num_nodes_waiting() > 0:
                 return _Ended.MEMBERSHIP, "a node is waiting to join"
 
-    def _record(self, exited: Exited, node: NodeAssignment, by_launcher: bool = False) -> WorkerExit:
+    def _record(
+        self, exited: Exited, node: NodeAssignment, by_launcher: bool = False
+    ) -> WorkerExit:
         record = WorkerExit(
             local_rank=exited.local_rank,
             rank=node.base_rank + exited.local_rank,
@@ -195,9 +200,12 @@ class Executor:
         self.state.stuck += stuck
         if running or stuck:
             self.observer.emit(
-                EventKind.STOP, reason=reason, signal=signal.Signals(sig or signal.SIGTERM).name,
-                stopped_ranks=running, stuck_pids=stuck,
-            )  # fmt: skip
+                EventKind.STOP,
+                reason=reason,
+                signal=signal.Signals(sig or signal.SIGTERM).name,
+                stopped_ranks=running,
+                stuck_pids=stuck,
+            )
 
     def _restart(self, started: float) -> bool:
         cause = root_cause(e for e in self.state.exits if e.attempt == self.state.restarts)
@@ -214,9 +222,11 @@ class Executor:
         if decision.action is Action.FAIL:
             return False
         self.observer.emit(
-            EventKind.RESTART, reason=decision.reason, delay=decision.delay,
+            EventKind.RESTART,
+            reason=decision.reason,
+            delay=decision.delay,
             restart=self.state.restarts + 1,
-        )  # fmt: skip
+        )
         self.clock.sleep(decision.delay)
         self.state.restarts += 1
         self.state.restart_times.append(self.clock.mono())
@@ -239,7 +249,10 @@ class Executor:
             stuck_pids=tuple(self.state.stuck),
         )
         self.observer.emit(
-            EventKind.FINISH, status=status.value, exit_code=outcome.exit_code, reason=reason,
+            EventKind.FINISH,
+            status=status.value,
+            exit_code=outcome.exit_code,
+            reason=reason,
             attempts=outcome.attempts,
-        )  # fmt: skip
+        )
         return outcome

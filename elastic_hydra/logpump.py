@@ -1,4 +1,4 @@
-"""Worker output to the console: whole lines, each with its rank's prefix, bytes kept as they are."""
+"""Worker output to the console: whole lines, each with its rank's prefix, bytes kept as is."""
 
 from __future__ import annotations
 

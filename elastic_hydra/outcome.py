@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from elastic_hydra.errors import EXIT_OK, EXIT_RENDEZVOUS, EXIT_WORKERS_FAILED
 
-
 # Shells report a child killed by signal N as exit code 128+N.
 _SHELL_SIGNAL_BASE = 128
 

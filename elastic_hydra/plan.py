@@ -1,4 +1,4 @@
-"""The resolved, frozen description of one launch: what `resolve` produces and everything else reads.
+"""The resolved, frozen description of one launch: `resolve` makes it, everything else reads it.
 
 Pure data: no I/O, no clock, no environment. Variants are tagged unions (one dataclass per kind).
 """
@@ -9,7 +9,6 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any
-
 
 
 # --------------------------------------------------------------------------------------- entrypoint
@@ -43,7 +42,7 @@ Entrypoint = PythonScript | PythonModule | Command
 
 
 def worker_argv(entry: Entrypoint) -> tuple[str, ...]:
-    """The exact argv a worker is started with (torchrun's form: unbuffered Python, no --local-rank)."""
+    """The exact argv of a worker (torchrun's form: unbuffered Python, no --local-rank)."""
     match entry:
         case PythonScript(path=path, python=python, args=args):
             return (python, "-u", path, *args)
@@ -113,7 +112,7 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Backoff:
-    """Delay before restart k (k = 1, 2, ...): min(initial * multiplier**(k-1), maximum) +- jitter."""
+    """Delay before restart k >= 1: min(initial * multiplier**(k-1), maximum), then +- jitter."""
 
     initial: float = 0.0
     maximum: float = 60.0

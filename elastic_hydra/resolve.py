@@ -185,7 +185,9 @@ def _script_path(script: str, host: Host) -> str:
     path = os.path.join(host.cwd, os.path.expanduser(script))
     form = "expected the path of a Python file, relative to the current directory"
     if os.path.isdir(path):
-        raise ConfigError("script", "is a directory", script, form, "Use module=NAME for a package.")
+        raise ConfigError(
+            "script", "is a directory", script, form, "Use module=NAME for a package."
+        )
     if not os.path.isfile(path):
         raise ConfigError("script", f"no such file in {host.cwd}", script, form)
     return os.path.abspath(path)
@@ -195,7 +197,9 @@ def _command(cmd: str, args: tuple[str, ...], host: Host) -> Command:
     try:
         words = shlex.split(cmd)
     except ValueError as exc:
-        raise ConfigError("cmd", f"cannot be split into words ({exc})", cmd, "check its quotes")
+        raise ConfigError(
+            "cmd", f"cannot be split into words ({exc})", cmd, "check its quotes"
+        ) from None
     if not words:
         raise ConfigError("cmd", "is empty", cmd, "expected a program, e.g. cmd=./bin/train")
     program = words[0]
@@ -264,9 +268,12 @@ def _rendezvous(conf: ElasticHydraConf, nnodes: NodeRange) -> Standalone | Stati
 def _static(conf: ElasticHydraConf, nnodes: NodeRange) -> Static:
     if nnodes.min != nnodes.max:
         raise ConfigError(
-            "nnodes", "static rendezvous cannot be elastic", str(nnodes), "expected a fixed N",
+            "nnodes",
+            "static rendezvous cannot be elastic",
+            str(nnodes),
+            "expected a fixed N",
             "Use rdzv=c10d for MIN:MAX.",
-        )  # fmt: skip
+        )
     if conf.node_rank >= nnodes.max:
         raise ConfigError(
             "node_rank",
@@ -379,7 +386,10 @@ def _exit_code(key: object) -> int:
     text = str(key).strip()
     if not text.isdigit() or not 0 < int(text) < 256:
         raise ConfigError(
-            f"restart.on_exit_code.{key}", "not an exit code", key, "expected 1..255, e.g. {3: fail}"
+            f"restart.on_exit_code.{key}",
+            "not an exit code",
+            key,
+            "expected 1..255, e.g. {3: fail}",
         )
     return int(text)
 
@@ -408,17 +418,21 @@ def _logs(logs: LogsConf, nproc: int) -> LogSpec:
         bad = [r for r in logs.ranks if not 0 <= r < nproc]
         if bad:
             raise ConfigError(
-                "logs.ranks", f"no such local rank with nproc_per_node={nproc}", bad[0],
+                "logs.ranks",
+                f"no such local rank with nproc_per_node={nproc}",
+                bad[0],
                 f"expected local ranks in 0..{nproc - 1}",
-            )  # fmt: skip
+            )
         ranks = frozenset(logs.ranks)
     try:
         logs.prefix.format(role="r", rank=0, local_rank=0)
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(
-            "logs.prefix", f"bad format field {exc}", logs.prefix,
+            "logs.prefix",
+            f"bad format field {exc}",
+            logs.prefix,
             "expected text with {role}, {rank} or {local_rank}",
-        ) from None  # fmt: skip
+        ) from None
     if logs.tail_lines < 0:
         raise ConfigError("logs.tail_lines", "is negative", logs.tail_lines, "expected 0 or more")
     return LogSpec(
@@ -434,9 +448,11 @@ def _env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     for name, value in env.items():
         if not isinstance(name, str) or not _ENV_NAME.match(name):
             raise ConfigError(
-                f"env.{name}", "not a valid variable name", name,
-                "expected letters, digits and _, not starting with a digit, e.g. env.NCCL_DEBUG=INFO",
-            )  # fmt: skip
+                f"env.{name}",
+                "not a valid variable name",
+                name,
+                "expected letters, digits and _ (no leading digit), e.g. env.NCCL_DEBUG=INFO",
+            )
         if not isinstance(value, (str, int, float, bool)):
             raise ConfigError(f"env.{name}", "not a plain value", "<a mapping>", "expected text")
         if "\0" in str(value):
@@ -496,9 +512,12 @@ def _from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
 def _unknown_key(key: str) -> ConfigError:
     known = schema_keys()
     last = key.rsplit(".", 1)[-1]
-    near = difflib.get_close_matches(key, known, n=1) or [
-        k for k in known if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.75)
-    ][:1]
+    near = (
+        difflib.get_close_matches(key, known, n=1)
+        or [
+            k for k in known if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.75)
+        ][:1]
+    )
     hint = f"Did you mean {near[0]}?" if near else "See elastic-hydra --help for the keys."
     return ConfigError(key, "unknown key", key, "expected a key of the job schema", hint)
 

@@ -7,6 +7,7 @@ failure wakes the agent at once instead of at the next poll; the same selector p
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -95,10 +96,8 @@ class _Worker:
         return True
 
     def signal_group(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class LocalWorkers:
@@ -129,7 +128,7 @@ class LocalWorkers:
         return [w.spec.local_rank for w in self.workers if w.exited is None]
 
     def wait(self, timeout: float | None) -> list[Exited]:
-        """Block until a worker exits, the wake fd is readable, or `timeout` passes (None: no limit).
+        """Block until a worker exits, the wake fd is readable, or `timeout` (None: none) passes.
 
         Teed output is forwarded meanwhile. Returns the workers that exited (possibly none).
         """
@@ -230,10 +229,9 @@ class LocalWorkers:
                 os.close(w.pidfd)
             for fd in w.files.values():
                 os.close(fd)
-            try:
-                w.proc.wait(timeout=0 if w.exited else 0.1)  # reap: never leave zombies
-            except subprocess.TimeoutExpired:
-                pass  # stuck in the kernel; reported by stop()
+            # Reap: never leave zombies. One still running is stuck in the kernel (see stop()).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=0 if w.exited else 0.1)
         self._sel.close()
 
 
