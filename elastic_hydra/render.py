@@ -5,6 +5,7 @@ On a terminal these use colour; elsewhere (CI logs, pipes) rich emits plain text
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 from collections.abc import Sequence
@@ -108,9 +109,14 @@ def sweep_table(results: Sequence[JobResult]) -> Table:
             str(r.exit_code),
             str(r.details.get("attempts", "-")),
             f"{duration:.2f} s" if isinstance(duration, float) else "-",
-            r.run_dir,
+            _relative(r.run_dir),
         )
     return table
+
+
+def _relative(path: str) -> str:
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 def print_sweep(results: Sequence[JobResult]) -> None:
