@@ -8,17 +8,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
+import yaml  # type: ignore[import-untyped]
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra._internal import utils as hydra_utils
 from hydra.core.hydra_config import HydraConfig
@@ -31,9 +33,10 @@ from omegaconf.errors import OmegaConfBaseException
 from elastic_hydra import schema
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError, ElasticHydraError
 from elastic_hydra.plan import LaunchPlan, to_dict
-from elastic_hydra.resolve import explain, resolve_config
+from elastic_hydra.resolve import check_job_file, explain, resolve_config
 
 CONF_MODULE = "elastic_hydra.conf"
+PRESET_GROUPS = ("rdzv", "restart", "logs")
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
 PLAN_FILE = "plan.json"
 RESULT_FILE = "result.json"
@@ -70,19 +73,22 @@ class Invocation:
         return [*self.flags, *self.overrides]
 
 
-def _hydra_flags() -> dict[str, str | int | None]:
-    """Hydra's own flags and how many values each takes (read from Hydra's parser)."""
-    flags: dict[str, str | int | None] = {}
+def _hydra_flags() -> dict[str, tuple[str | int | None, Sequence[str] | None]]:
+    """Hydra's own flags: how many values each takes, and its choices (from Hydra's parser)."""
+    flags: dict[str, tuple[str | int | None, Sequence[str] | None]] = {}
     for action in hydra_utils.get_args_parser()._actions:
         takes = 0 if action.nargs == 0 else action.nargs
         for opt in action.option_strings:
-            flags[opt] = takes
+            flags[opt] = (takes, action.choices)  # type: ignore[assignment]
     return flags
 
 
 def quote_arg(arg: str) -> str:
     """Quote one script argument so Hydra's override grammar keeps it byte for byte."""
-    return QuotedString(text=arg.replace("${", "\\${"), quote=Quote.single).with_quotes()
+    # Escape `${` (no interpolation) and double the backslashes in front of it, which the
+    # grammar would otherwise read as escapes of the `\${`.
+    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", arg)
+    return QuotedString(text=text, quote=Quote.single).with_quotes()
 
 
 def parse_argv(argv: Sequence[str]) -> Invocation:
@@ -105,8 +111,9 @@ def parse_argv(argv: Sequence[str]) -> Invocation:
         elif arg.startswith("-") and arg.split("=", 1)[0] in known:
             multirun |= arg in ("-m", "--multirun")
             flags.append(arg)
-            takes = known[arg.split("=", 1)[0]]
-            wants_value = takes is None or (takes == "?" and i < len(argv) and "=" not in argv[i])
+            takes, choices = known[arg.split("=", 1)[0]]
+            optional = takes == "?" and i < len(argv) and argv[i] in (choices or ())
+            wants_value = takes is None or optional
             if "=" not in arg and wants_value and i < len(argv):
                 flags.append(argv[i])
                 i += 1
@@ -124,14 +131,16 @@ def parse_argv(argv: Sequence[str]) -> Invocation:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console entry point."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] in (["--version"], ["-V"]):
+    if {"--version", "-V"} & set(args[: args.index("--") if "--" in args else len(args)]):
         print(f"elastic-hydra {_version()} (hydra-core {hydra.__version__})")
         sys.exit(0)
-    _rewrite_completion_line()
+    args = _completion_args(args)
     try:
         inv = parse_argv(args)
-        if inv.job is not None and not inv.job.is_file():
-            raise ConfigError("job", "no such file", str(inv.job), "expected a job YAML file")
+        if inv.job is not None:
+            if not inv.job.is_file():
+                raise ConfigError("job", "no such file", str(inv.job), "expected a job YAML file")
+            check_job_file(str(inv.job))
         if inv.plan_only:
             sys.exit(_print_plan(inv))
         code = _run_hydra(inv)
@@ -139,9 +148,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         _fail(exc, explain(exc), EXIT_CONFIG)
     except ElasticHydraError as exc:
         _fail(exc, str(exc), exc.exit_code)
+    except yaml.YAMLError as exc:
+        _fail(exc, f"job: not valid YAML ({' '.join(str(exc).split())})", EXIT_CONFIG)
     except Exception as exc:  # a bug in the launcher, not the user's fault
-        if isinstance(exc, ValueError) and "Only one of --run" in str(exc):
-            _fail(exc, f"flags: {exc}", EXIT_CONFIG)
+        if isinstance(exc, ValueError) and _raised_in_hydra(exc):
+            _fail(exc, _usage_line(exc, args), EXIT_CONFIG)
         traceback.print_exc()
         print(
             "elastic-hydra: internal error (a bug in elastic-hydra, not in your job); "
@@ -150,6 +161,30 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         )
         sys.exit(70)
     sys.exit(code)
+
+
+def _usage_line(exc: ValueError, args: Sequence[str]) -> str:
+    for arg in args:
+        key, _, value = arg.partition("=")
+        group = key.lstrip("+~")
+        if group in PRESET_GROUPS and value and not value[0].isalpha():
+            names = sorted(
+                p.name.rsplit(".", 1)[0]
+                for p in resources.files(CONF_MODULE).joinpath(group).iterdir()
+                if p.name.endswith(".yaml")
+            )
+            return ConfigError(
+                key, "not a preset name", value, f"expected one of {', '.join(names)}"
+            ).line()
+    return f"overrides: {exc}"
+
+
+def _raised_in_hydra(exc: BaseException) -> bool:
+    """Hydra reports some usage errors (flag clashes, odd override values) as ValueError."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}hydra{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def _fail(exc: BaseException, line: str, code: int) -> NoReturn:
@@ -254,15 +289,16 @@ def _print_plan(inv: Invocation) -> int:
     return 0
 
 
-def _rewrite_completion_line() -> None:
-    """Shell completion re-reads COMP_LINE itself: give it the same job-file rewrite."""
+def _completion_args(args: list[str]) -> list[str]:
+    """Completion re-reads COMP_LINE itself: rewrite its job file, and load that job."""
     line = os.environ.get("COMP_LINE")
-    if line is None:
-        return
-    words = [
-        f"--config-dir {Path(w).resolve().parent} --config-name {Path(w).stem}"
-        if w.endswith((".yaml", ".yml")) and "=" not in w
-        else w
-        for w in line.split(" ")
-    ]
-    os.environ["COMP_LINE"] = " ".join(words)
+    if line is None or not ({"-sc", "--shell-completion"} & set(args)):
+        return args
+    words = line.split(" ")
+    jobs = [w for w in words if w.endswith((".yaml", ".yml")) and "=" not in w]
+    if not jobs:
+        return args
+    job = Path(jobs[0])
+    flags = ["--config-dir", str(job.resolve().parent), "--config-name", job.stem]
+    os.environ["COMP_LINE"] = " ".join(" ".join(flags) if w == jobs[0] else w for w in words)
+    return [*flags, *args]

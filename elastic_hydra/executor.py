@@ -120,6 +120,8 @@ class Executor:
                 node = self._rendezvous()
             except RendezvousError as exc:
                 return self._finish(Status.RENDEZVOUS_FAILED, str(exc))
+            if (stopped := self._stopped()) is not None:  # a signal during the rendezvous
+                return stopped
             self.state.node = node
             group = self.start_workers(node, self.state.restarts, self.state.rounds)
             started = self.clock.mono()
@@ -130,7 +132,7 @@ class Executor:
             if ended is _Ended.SUCCEEDED:
                 return self._finish(Status.SUCCEEDED, reason)
             if ended is _Ended.STOPPED:
-                return self._stopped() or self._finish(Status.STOPPED, reason)
+                return self._finish(Status.STOPPED, reason, self.stop_request.signum)
             if ended is _Ended.FAILED and not self._restart(started):
                 return self._finish(Status.FAILED, self.state.reason)
 
@@ -148,15 +150,13 @@ class Executor:
 
     def _monitor(self, group: WorkerGroup, node: NodeAssignment) -> tuple[_Ended, str]:
         while True:
-            for exited in group.wait(self.check_every):
-                record = self._record(exited, node)
-                if record.failed:
-                    return (
-                        _Ended.FAILED,
-                        f"rank {record.rank} {describe_returncode(record.returncode)}",
-                    )
-            if self.stop_request.signum is not None:
-                return _Ended.STOPPED, f"received {signal.Signals(self.stop_request.signum).name}"
+            records = [self._record(exited, node) for exited in group.wait(self.check_every)]
+            if (signum := self.stop_request.signum) is not None:
+                self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
+                return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
+            if failed := [r for r in records if r.failed]:
+                first = failed[0]
+                return _Ended.FAILED, f"rank {first.rank} {describe_returncode(first.returncode)}"
             if not group.running():
                 return _Ended.SUCCEEDED, "all workers exited with code 0"
             if self.check_every is not None and self.rdzv.num_nodes_waiting() > 0:
@@ -228,6 +228,8 @@ class Executor:
             restart=self.state.restarts + 1,
         )
         self.clock.sleep(decision.delay)
+        if self.stop_request.signum is not None:
+            return True  # stopped during the backoff: the loop reports it; no new attempt
         self.state.restarts += 1
         self.state.restart_times.append(self.clock.mono())
         return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,10 @@ if TYPE_CHECKING:
 
 
 def console(stderr: bool = False, soft_wrap: bool = False) -> Console:
-    return Console(stderr=stderr, soft_wrap=soft_wrap, highlight=False)
+    # Off a terminal (CI logs, pipes) do not fold long paths and commands at 80 columns.
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 200
+    return Console(stderr=stderr, soft_wrap=soft_wrap, highlight=False, width=width)
 
 
 def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:

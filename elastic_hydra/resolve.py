@@ -19,6 +19,7 @@ import typing
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -45,7 +46,7 @@ from elastic_hydra.plan import (
     Standalone,
     Static,
 )
-from elastic_hydra.schema import ElasticHydraConf, LogsConf, RdzvConf, RestartConf
+from elastic_hydra.schema import BackoffConf, ElasticHydraConf, LogsConf, RdzvConf, RestartConf
 
 BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd")
 DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379, "etcd": 2379}
@@ -81,12 +82,51 @@ def resolve_config(cfg: DictConfig, *, run_dir: str = "", host: Host | None = No
     Raises:
         ConfigError: the first problem found, as one line.
     """
+    if OmegaConf.get_type(cfg) is not ElasticHydraConf:
+        raise ConfigError(
+            "defaults", "the job does not include elastic_hydra_base", "<untyped job>",
+            "expected a defaults list that starts with elastic_hydra_base",
+            "See examples/jobs/hello.yaml.",
+        )  # fmt: skip
+    _check_known_keys(cfg)
     try:
         conf = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         raise _from_omegaconf(exc) from None
     assert isinstance(conf, ElasticHydraConf)
     return resolve(conf, run_dir=run_dir, host=host or Host.current())
+
+
+def _check_known_keys(cfg: DictConfig) -> None:
+    """Keys forced in with `+key=value` compose, but the schema would drop them silently."""
+    known = set(schema_keys())
+    prefixes = {k.rsplit(".", 1)[0] for k in known if "." in k}
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for key in node:
+            path = f"{prefix}{key!s}"
+            if path in ("env", "hp"):
+                continue
+            if path not in known and path not in prefixes:
+                raise _unknown_key(path)
+            child = node._get_node(key)
+            if path in prefixes and isinstance(child, DictConfig):
+                walk(child, f"{path}.")
+
+    walk(cfg, "")
+
+
+def check_job_file(path: str) -> None:
+    """Catch YAML 1.1's base-60 reading of an unquoted `nnodes: 2:4` (the integer 124)."""
+    text = Path(path).read_text(errors="replace")
+    found = re.search(r"^\s*nnodes:\s*(\d+):(\d+)\s*(#.*)?$", text, re.MULTILINE)
+    if found:
+        lo, hi = found.group(1), found.group(2)
+        value = int(lo) * 60 + int(hi)
+        raise ConfigError(
+            "nnodes", f"YAML reads the unquoted {lo}:{hi} in {path} as the integer {value}",
+            value, f'quote it: nnodes: "{lo}:{hi}"',
+        )  # fmt: skip
 
 
 def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
@@ -113,18 +153,9 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
 
 # --------------------------------------------------------------------------------------- topology
 def parse_nnodes(value: object) -> NodeRange:
-    """`2` -> 2..2, `"2:4"` -> 2..4; catches the YAML 1.1 base-60 trap (unquoted 2:4 = 124)."""
+    """`2` -> 2..2, `"2:4"` -> 2..4 (see `check_job_file` for YAML's unquoted 2:4)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError("nnodes", "not a node count", value, _NNODES_FORM)
-    if isinstance(value, int) and value >= 60 and 1 <= value // 60 <= value % 60:
-        lo, hi = divmod(value, 60)
-        raise ConfigError(
-            "nnodes",
-            f"looks like YAML's reading of an unquoted {lo}:{hi}",
-            value,
-            f'quote it: nnodes: "{lo}:{hi}"',
-            f'If you do mean {value} nodes, quote that too: nnodes: "{value}".',
-        )
     parts = str(value).strip().split(":")
     if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
         raise ConfigError("nnodes", "not N or MIN:MAX", value, _NNODES_FORM)
@@ -344,9 +375,9 @@ def _restart(r: RestartConf) -> RestartSpec:
     window = None
     if (r.window_restarts is None) != (r.window_seconds is None):
         raise ConfigError(
-            "restart.window_restarts" if r.window_restarts is None else "restart.window_seconds",
+            "restart.window_seconds" if r.window_restarts is None else "restart.window_restarts",
             "set without its pair",
-            "<unset>",
+            r.window_seconds if r.window_restarts is None else r.window_restarts,
             "expected both restart.window_restarts and restart.window_seconds, or neither",
         )
     if r.window_restarts is not None and r.window_seconds is not None:
@@ -426,7 +457,7 @@ def _logs(logs: LogsConf, nproc: int) -> LogSpec:
         ranks = frozenset(logs.ranks)
     try:
         logs.prefix.format(role="r", rank=0, local_rank=0)
-    except (KeyError, IndexError, ValueError) as exc:
+    except Exception as exc:  # str.format raises many kinds for bad fields
         raise ConfigError(
             "logs.prefix",
             f"bad format field {exc}",
@@ -454,7 +485,12 @@ def _env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
                 "expected letters, digits and _ (no leading digit), e.g. env.NCCL_DEBUG=INFO",
             )
         if not isinstance(value, (str, int, float, bool)):
-            raise ConfigError(f"env.{name}", "not a plain value", "<a mapping>", "expected text")
+            raise ConfigError(
+                f"env.{name}",
+                "not a plain value",
+                "<a mapping>",
+                "expected text, e.g. env.NAME=value",
+            )
         if "\0" in str(value):
             raise ConfigError(f"env.{name}", "contains a NUL byte", value, "expected plain text")
     return tuple((str(k), str(v)) for k, v in env.items())
@@ -462,8 +498,9 @@ def _env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 def _seconds(key: str, value: float, allow_zero: bool = False) -> float:
     if value < 0 or (value == 0 and not allow_zero):
-        expected = "expected seconds >= 0" if allow_zero else "expected seconds > 0"
-        raise ConfigError(key, "must be positive", value, expected)
+        if allow_zero:
+            raise ConfigError(key, "is negative", value, "expected seconds >= 0")
+        raise ConfigError(key, "must be positive", value, "expected seconds > 0")
     return float(value)
 
 
@@ -486,7 +523,11 @@ def explain(exc: BaseException) -> str:
         return ConfigError("job", "config not found", exc.missing_cfg_file, "check the path").line()
     if isinstance(exc, OverrideParseException):
         first = str(exc).strip().splitlines()[0]
-        return f"overrides: cannot parse ({first}); expected key=value. Quote values with spaces."
+        text = getattr(exc, "override", None) or first
+        return (
+            f"overrides: cannot parse {text!r} ({first}); expected key=value. "
+            "Quote values with spaces or special characters."
+        )
     cause = exc.__cause__ if isinstance(exc, HydraException) else None
     if isinstance(cause, OmegaConfBaseException):
         return _from_omegaconf(cause).line()
@@ -498,8 +539,10 @@ def explain(exc: BaseException) -> str:
 def _from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
     key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "config")
     msg = str(getattr(exc, "msg", "") or exc).strip().splitlines()[0]
-    if key.startswith("env."):
-        return ConfigError(key, "not a plain value", "<a mapping>", "expected env.NAME=value")
+    if key.startswith("env.") and "not a subclass of str" not in msg:
+        return ConfigError(
+            key, "not a plain value", "<invalid>", "expected text, e.g. env.NAME=value"
+        )
     if re.match(r"Key '.*' not in", msg) or (isinstance(exc, ConfigKeyError) and "not in" in msg):
         return _unknown_key(key)
     if "Missing mandatory value" in msg:
@@ -556,6 +599,6 @@ def _describe(kind: object) -> str:
         return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
     if origin is dict:
         return "a mapping"
-    if kind in (RdzvConf, RestartConf, LogsConf):
+    if kind in (RdzvConf, RestartConf, LogsConf, BackoffConf):
         return "a mapping"
     return "a valid value"

@@ -1,0 +1,275 @@
+"""The `elastic-hydra` command line: argv sugar, script args byte for byte, --plan, completion."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ELASTIC_HYDRA, REPO
+from omegaconf import OmegaConf
+
+from elastic_hydra.cli import compose_job, main, parse_argv
+from elastic_hydra.plan import Action, NodeRange, PythonScript
+from elastic_hydra.resolve import resolve_config
+
+TIMEOUT = 60
+JOB = "defaults: [elastic_hydra_base, _self_]\nscript: train.py\nhp:\n  learning_rate: 0.1\n"
+
+TRICKY_ARGS = [
+    "--lr",
+    "1e-3",
+    "--epochs=3",
+    "--name",
+    "a b, c=d",
+    "--tpl",
+    "${oc.env:HOME}",
+    "it's",
+    "back\\slash\\",
+    "--flag",
+    "true",
+    "-x",
+    "--",
+    "007",
+    "NaN",
+    "",
+]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cwd with train.py and jobs/x.yaml; no COMP_LINE or full-error switch leaking in."""
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "x.yaml").write_text(JOB)
+    for name in ("COMP_LINE", "COMP_POINT", "ELASTIC_HYDRA_FULL_ERROR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "COLUMNS": "500", **(env or {})}
+    for name in ("COMP_LINE", "COMP_POINT", "ELASTIC_HYDRA_FULL_ERROR"):
+        if env is None or name not in env:
+            full_env.pop(name, None)
+    return subprocess.run(
+        [*ELASTIC_HYDRA, *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+# ------------------------------------------------------------------------------------ parse_argv
+def test_script_args_become_one_override_and_survive_byte_for_byte(workdir: Path) -> None:
+    inv = parse_argv(["script=train.py", "nproc_per_node=1", "--", *TRICKY_ARGS])
+    assert inv.flags == []
+    assert inv.overrides[:2] == ["script=train.py", "nproc_per_node=1"]
+    assert len(inv.overrides) == 3 and inv.overrides[2].startswith("args=[")
+    cfg = compose_job(inv)
+    assert list(cfg.args) == TRICKY_ARGS
+    assert OmegaConf.to_container(cfg, resolve=True)["args"] == TRICKY_ARGS  # type: ignore[index]
+    plan = resolve_config(cfg)
+    assert isinstance(plan.entrypoint, PythonScript)
+    assert plan.entrypoint.args == tuple(TRICKY_ARGS)
+    assert plan.argv[-len(TRICKY_ARGS) :] == tuple(TRICKY_ARGS)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        pytest.param("\\${x}", id="backslash-before-interpolation"),
+        pytest.param("a\\${oc.env:HOME}", id="backslash-before-env-resolver"),
+    ],
+)
+def test_backslash_before_interpolation_survives(workdir: Path, arg: str) -> None:
+    cfg = compose_job(parse_argv(["script=train.py", "--", arg]))
+    assert OmegaConf.to_container(cfg, resolve=True)["args"] == [arg]  # type: ignore[index]
+
+
+def test_no_double_dash_means_no_args_override() -> None:
+    inv = parse_argv(["script=train.py", "nnodes=1"])
+    assert inv.overrides == ["script=train.py", "nnodes=1"]
+    assert not any(o.startswith("args=") for o in inv.overrides)
+
+
+def test_empty_tail_gives_empty_args(workdir: Path) -> None:
+    inv = parse_argv(["script=train.py", "--"])
+    assert inv.overrides[-1] == "args=[]"
+    assert list(compose_job(inv).args) == []
+
+
+def test_flags_after_overrides_are_hoisted() -> None:
+    inv = parse_argv(["script=t.py", "-m", "nproc_per_node=1,2"])
+    assert inv.multirun
+    assert inv.hydra_argv == ["-m", "script=t.py", "nproc_per_node=1,2"]
+    assert not inv.plan_only
+
+
+def test_flag_value_travels_with_its_flag() -> None:
+    inv = parse_argv(["script=t.py", "--cfg", "job", "nnodes=1"])
+    assert inv.hydra_argv == ["--cfg", "job", "script=t.py", "nnodes=1"]
+
+
+def test_plan_flag_is_ours_not_hydras() -> None:
+    inv = parse_argv(["script=t.py", "--plan"])
+    assert inv.plan_only
+    assert "--plan" not in inv.hydra_argv
+
+
+def test_job_path_becomes_config_dir_and_name(workdir: Path) -> None:
+    inv = parse_argv(["jobs/x.yaml", "nproc_per_node=2"])
+    assert inv.job == Path("jobs/x.yaml")
+    assert inv.flags == ["--config-dir", str(workdir / "jobs"), "--config-name", "x"]
+    assert inv.overrides == ["nproc_per_node=2"]
+    cfg = compose_job(inv)
+    assert cfg.script == "train.py" and cfg.hp.learning_rate == 0.1 and cfg.nproc_per_node == 2
+
+
+def test_version_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("elastic-hydra 0.1.0")
+
+
+# ---------------------------------------------------------------------------- the real command
+def test_help_mentions_plan_presets_and_examples(workdir: Path) -> None:
+    proc = run_cli("--help", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "--plan" in out
+    assert "rdzv: c10d, etcd, etcd-v2, standalone, static" in out
+    assert "restart: backoff, never, on_failure" in out
+    assert "logs: files_only, quiet, tee" in out
+    assert "Examples:" in out and "elastic-hydra script=train.py" in out
+
+
+def test_cfg_job_prints_composed_yaml(workdir: Path) -> None:
+    proc = run_cli("script=t.py", "--cfg", "job", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "script: t.py" in proc.stdout.splitlines()
+    assert "max_restarts: 0" in proc.stdout
+
+
+def test_plan_prints_command_and_creates_nothing(workdir: Path) -> None:
+    before = sorted(p.name for p in workdir.iterdir())
+    proc = run_cli(
+        "script=train.py", "nproc_per_node=2", "--plan", "--", "--lr", "0.1", cwd=workdir
+    )
+    assert proc.returncode == 0, proc.stderr
+    command = shlex.join([sys.executable, "-u", str(workdir / "train.py"), "--lr", "0.1"])
+    assert command in proc.stdout
+    assert "standalone" in proc.stdout
+    assert "world size 2" in proc.stdout
+    assert sorted(p.name for p in workdir.iterdir()) == before
+
+
+def test_plan_for_a_job_file_in_another_directory(tmp_path: Path) -> None:
+    jobs = tmp_path / "elsewhere" / "jobs"
+    jobs.mkdir(parents=True)
+    (jobs / "pretrain.yaml").write_text(JOB + "nproc_per_node: 3\n")
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "train.py").write_text("print('train')\n")
+    for job in (str(jobs / "pretrain.yaml"), "../elsewhere/jobs/pretrain.yaml"):
+        proc = run_cli(job, "--plan", cwd=cwd)
+        assert proc.returncode == 0, proc.stderr
+        assert str(cwd / "train.py") in proc.stdout
+        assert "world size 3" in proc.stdout
+    assert sorted(p.name for p in cwd.iterdir()) == ["train.py"]
+
+
+def test_bad_config_from_the_shell_is_one_line(workdir: Path) -> None:
+    proc = run_cli("script=train.py", "nnodes=0", "--plan", cwd=workdir)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "elastic-hydra: error: nnodes: needs at least 1 node (got 0); expected N or MIN:MAX "
+        "with 1 <= MIN <= MAX, e.g. nnodes=2 or nnodes=2:4."
+    ]
+
+
+# ------------------------------------------------------------------------------------ completion
+def complete(line: str, cwd: Path) -> list[str]:
+    # What Hydra's bash function does: COMP_LINE/COMP_POINT set, then `<app> -sc query=bash`.
+    env = {"COMP_LINE": line, "COMP_POINT": str(len(line))}
+    proc = run_cli("-sc", "query=bash", cwd=cwd, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_completion_offers_presets(workdir: Path) -> None:
+    offered = complete("elastic-hydra rdzv=", workdir)
+    assert "rdzv=c10d" in offered
+    assert {"rdzv=standalone", "rdzv=static", "rdzv=etcd-v2"} <= set(offered)
+
+
+def test_completion_with_a_job_file(workdir: Path) -> None:
+    assert complete("elastic-hydra jobs/x.yaml nproc", workdir) == ["nproc_per_node="]
+
+
+def test_completion_sees_keys_only_the_job_file_has(workdir: Path) -> None:
+    assert "hp.learning_rate=" in complete("elastic-hydra jobs/x.yaml hp.", workdir)
+
+
+# -------------------------------------------------------------------------------------- examples
+EXAMPLE_JOBS = sorted((REPO / "examples" / "jobs").glob("*.yaml"))
+
+
+def test_examples_exist() -> None:
+    assert {p.name for p in EXAMPLE_JOBS} >= {"hello.yaml", "resilient.yaml"}
+
+
+@pytest.mark.parametrize("job", EXAMPLE_JOBS, ids=lambda p: p.name)
+def test_example_job_plans(job: Path) -> None:
+    before = sorted(p.name for p in REPO.iterdir())
+    proc = run_cli(str(job.relative_to(REPO)), "--plan", cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    script = OmegaConf.load(job).script  # relative to the repository root, the cwd here
+    assert (REPO / script).is_file()
+    assert str(REPO / script) in proc.stdout
+    assert sorted(p.name for p in REPO.iterdir()) == before
+
+
+def test_resilient_example_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    cfg = compose_job(parse_argv(["examples/jobs/resilient.yaml", "hp.greeting=bonjour"]))
+    container = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(container, dict)
+    assert container["nnodes"] == "1"  # quoted in the file: a string, not YAML's integer
+    plan = resolve_config(cfg)
+    assert plan.argv[-2:] == ("--greeting", "bonjour")
+    assert plan.nnodes == NodeRange(min=1, max=1) and plan.nproc_per_node == 2
+    assert plan.restart.max_restarts == 3
+    assert plan.restart.backoff.initial == 0.5 and plan.restart.backoff.jitter == 0.1  # preset
+    assert plan.restart.window is not None  # from the backoff preset
+    assert plan.restart.on_exit_code == ((3, Action.FAIL),)
+    assert plan.restart.on_signal == ((int(signal.SIGKILL), Action.FAIL),)
+    assert plan.logs.console_ranks == frozenset({0})
+    assert dict(plan.env) == {"HELLO_STYLE": "friendly", "OMP_NUM_THREADS": "1"}
+
+
+def test_hello_worker_runs_alone(tmp_path: Path) -> None:
+    env = {**os.environ, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "hello.py"), "--greeting", "hi there"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "hello from rank 3/4 (local 1) on " in proc.stdout
+    assert "['--greeting', 'hi there']" in proc.stdout

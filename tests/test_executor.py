@@ -1,0 +1,760 @@
+"""The agent loop on fakes: scripted worker groups, an in-memory rendezvous, a fake clock.
+
+No subprocesses and no real sleeping: the fake group's `wait` jumps the fake clock to the next
+scripted exit (or to a scripted signal, or by `timeout`), so every test runs in microseconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
+from elastic_hydra.errors import RendezvousError
+from elastic_hydra.events import EventKind
+from elastic_hydra.executor import Executor
+from elastic_hydra.outcome import RunOutcome, Status
+from elastic_hydra.plan import (
+    Action,
+    Backoff,
+    Dynamic,
+    DynamicBackend,
+    Endpoint,
+    LaunchPlan,
+    NodeRange,
+    PythonScript,
+    RestartSpec,
+    RestartWindow,
+    Standalone,
+)
+from elastic_hydra.policy import backoff_delay
+from elastic_hydra.supervise import Exited
+
+SIGTERM = int(signal.SIGTERM)
+SIGKILL = int(signal.SIGKILL)
+FOREVER = None  # a worker with no scripted exit runs until it is stopped
+T0 = 1000.0  # the fake monotonic clock starts here
+WALL_OFFSET = 1_700_000_000.0
+MASTER = Endpoint(host="127.0.0.1", port=29500)
+
+# round_no -> local_rank -> (returncode, seconds after the round's workers started)
+Script = Mapping[int, Mapping[int, tuple[int, float]]]
+
+
+# ------------------------------------------------------------------------------------------- fakes
+class FakeStop:
+    """The agent's stop flag; `at` schedules a signal to arrive at a fake monotonic time."""
+
+    def __init__(self, signum: int | None = None) -> None:
+        self.signum: int | None = signum
+        self.pending: tuple[float, int] | None = None
+
+    def at(self, when: float, signum: int) -> None:
+        self.pending = (T0 + when, signum)
+
+
+class FakeClock:
+    """Time only moves when a fake waits or sleeps; a scheduled signal fires when it is reached."""
+
+    def __init__(self, stop: FakeStop, u: float = 0.5) -> None:
+        self.now = T0
+        self.stop = stop
+        self.u = u
+        self.sleeps: list[float] = []
+
+    def wall(self) -> float:
+        return WALL_OFFSET + self.now
+
+    def mono(self) -> float:
+        return self.now
+
+    def random(self) -> float:
+        return self.u
+
+    def next_signal(self) -> float | None:
+        if self.stop.signum is None and self.stop.pending is not None:
+            return self.stop.pending[0]
+        return None
+
+    def advance_to(self, when: float) -> None:
+        self.now = max(self.now, when)
+        if self.stop.pending is not None and self.stop.pending[0] <= self.now:
+            if self.stop.signum is None:
+                self.stop.signum = self.stop.pending[1]
+            self.stop.pending = None
+
+    def sleep(self, seconds: float) -> None:
+        """Like the real clock: returns early (at the signal's time) when a stop is requested."""
+        self.sleeps.append(seconds)
+        if self.stop.signum is not None:
+            return
+        target = self.now + seconds
+        arrives = self.next_signal()
+        self.advance_to(arrives if arrives is not None and arrives <= target else target)
+
+
+class FakeGroup:
+    """One attempt's workers, exiting per a script; unscripted workers run until stopped."""
+
+    def __init__(
+        self,
+        clock: FakeClock,
+        nproc: int,
+        script: Mapping[int, tuple[int, float]],
+        pid_base: int,
+        stuck: frozenset[int],
+    ) -> None:
+        self.clock = clock
+        self.started = clock.now
+        self.exits_at = {lr: (code, self.started + at) for lr, (code, at) in script.items()}
+        self.alive = set(range(nproc))
+        self.stuck = stuck
+        self._pids = [pid_base + lr for lr in range(nproc)]
+        self.waits: list[float | None] = []
+        self.stops: list[tuple[int, float]] = []
+        self.closed = False
+
+    @property
+    def pids(self) -> list[int]:
+        return list(self._pids)
+
+    def running(self) -> list[int]:
+        return sorted(self.alive)
+
+    def wait(self, timeout: float | None) -> list[Exited]:
+        self.waits.append(timeout)
+        if self.clock.stop.signum is not None:
+            return []  # the signal left the wake pipe readable: return at once
+        due = [t for lr, (_, t) in self.exits_at.items() if lr in self.alive]
+        limit = None if timeout is None else self.clock.now + timeout
+        wakes = [
+            t for t in (min(due, default=None), self.clock.next_signal(), limit) if t is not None
+        ]
+        if not wakes:
+            raise AssertionError("wait(None) with nothing scheduled would block forever")
+        self.clock.advance_to(min(wakes))
+        done = [
+            lr
+            for lr in sorted(self.alive)
+            if lr in self.exits_at and self.exits_at[lr][1] <= self.clock.now
+        ]
+        self.alive -= set(done)
+        return [self._exited(lr, self.exits_at[lr][0]) for lr in done]
+
+    def stop(self, sig: int, grace: float) -> tuple[list[Exited], list[int]]:
+        self.stops.append((sig, grace))
+        gone = [lr for lr in sorted(self.alive) if lr not in self.stuck]
+        self.alive -= set(gone)
+        return [self._exited(lr, -sig) for lr in gone], [
+            self._pids[lr] for lr in sorted(self.alive)
+        ]
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _exited(self, local_rank: int, returncode: int) -> Exited:
+        return Exited(
+            local_rank=local_rank,
+            pid=self._pids[local_rank],
+            returncode=returncode,
+            wall_time=self.clock.wall(),
+            mono_time=self.clock.now,
+        )
+
+
+@dataclass
+class Started:
+    node: NodeAssignment
+    restart_count: int
+    round_no: int
+    env: dict[str, str]
+    group: FakeGroup
+
+
+class FakeFactory:
+    """Starts a FakeGroup per round from the script; records what each start was given."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        clock: FakeClock,
+        script: Script,
+        stuck: Mapping[int, frozenset[int]] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.clock = clock
+        self.script = script
+        self.stuck = stuck or {}
+        self.calls: list[Started] = []
+
+    def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> FakeGroup:
+        index = len(self.calls)
+        group = FakeGroup(
+            self.clock,
+            self.plan.nproc_per_node,
+            self.script.get(index, {}),
+            pid_base=1000 * (index + 1),
+            stuck=self.stuck.get(index, frozenset()),
+        )
+        files = WorkerFiles(run_dir="/r", plan_path="/r/p", config_path="/r/c", error_file="/r/e")
+        env = worker_env(self.plan, {}, node, local_rank=0, attempt=restart_count, files=files)
+        self.calls.append(Started(node, restart_count, round_no, env, group))
+        return group
+
+    @property
+    def groups(self) -> list[FakeGroup]:
+        return [c.group for c in self.calls]
+
+
+def assignment(*, nodes: int = 1, node_rank: int = 0, nproc: int = 2) -> NodeAssignment:
+    return NodeAssignment(
+        group_rank=node_rank,
+        group_world_size=nodes,
+        base_rank=node_rank * nproc,
+        world_size=nodes * nproc,
+        role_base_rank=node_rank * nproc,
+        role_world_size=nodes * nproc,
+        master=MASTER,
+    )
+
+
+class FakeRendezvous:
+    """Hands out `rounds` in turn (the last one repeats); an exception in the list is raised."""
+
+    def __init__(
+        self,
+        rounds: list[NodeAssignment | RendezvousError],
+        waiting: list[int] | None = None,
+        on_join: Any = None,
+    ) -> None:
+        self.rounds = rounds
+        self.waiting = list(waiting or [])
+        self.on_join = on_join
+        self.calls: list[str] = []
+        self.joins = 0
+
+    def next_round(self) -> NodeAssignment:
+        self.calls.append("next_round")
+        result = self.rounds[min(self.joins, len(self.rounds) - 1)]
+        self.joins += 1
+        if self.on_join is not None:
+            self.on_join()
+        if isinstance(result, RendezvousError):
+            raise result
+        return result
+
+    def num_nodes_waiting(self) -> int:
+        self.calls.append("num_nodes_waiting")
+        return self.waiting.pop(0) if self.waiting else 0
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+@dataclass
+class ListObserver:
+    events: list[tuple[EventKind, dict[str, Any]]] = field(default_factory=list)
+
+    def emit(self, kind: EventKind, **data: Any) -> None:
+        self.events.append((kind, data))
+
+    @property
+    def kinds(self) -> list[EventKind]:
+        return [k for k, _ in self.events]
+
+    def of(self, kind: EventKind) -> list[dict[str, Any]]:
+        return [d for k, d in self.events if k is kind]
+
+
+# --------------------------------------------------------------------------------------- harness
+def make_plan(
+    *,
+    nproc: int = 2,
+    restart: RestartSpec | None = None,
+    dynamic: bool = False,
+    stop_grace: float = 7.5,
+    monitor_interval: float = 0.5,
+) -> LaunchPlan:
+    rdzv: Standalone | Dynamic = Standalone()
+    if dynamic:
+        rdzv = Dynamic(
+            backend=DynamicBackend.C10D,
+            endpoint=Endpoint(host="node0", port=29400),
+            join_timeout=600.0,
+            last_call_timeout=30.0,
+            close_timeout=30.0,
+            heartbeat_timeout=30.0,
+            keep_alive_interval=5.0,
+            keep_alive_max_attempt=3,
+            read_timeout=60.0,
+        )
+    return LaunchPlan(
+        entrypoint=PythonScript(path="/nowhere/train.py", python="/usr/bin/python3"),
+        nnodes=NodeRange(min=1, max=2 if dynamic else 1),
+        nproc_per_node=nproc,
+        rdzv=rdzv,
+        run_id="test-run",
+        restart=restart or RestartSpec(),
+        stop_grace=stop_grace,
+        monitor_interval=monitor_interval,
+    )
+
+
+@dataclass
+class Harness:
+    plan: LaunchPlan
+    stop: FakeStop
+    clock: FakeClock
+    rdzv: FakeRendezvous
+    factory: FakeFactory
+    observer: ListObserver
+
+    def run(self) -> RunOutcome:
+        executor = Executor(
+            self.plan,
+            rendezvous=self.rdzv,
+            workers=self.factory,
+            clock=self.clock,
+            observer=self.observer,
+            stop=self.stop,
+        )
+        return executor.run()
+
+
+def harness(
+    script: Script,
+    *,
+    plan: LaunchPlan | None = None,
+    rdzv: FakeRendezvous | None = None,
+    stuck: Mapping[int, frozenset[int]] | None = None,
+    u: float = 0.5,
+) -> Harness:
+    plan = plan or make_plan()
+    stop = FakeStop()
+    clock = FakeClock(stop, u=u)
+    rdzv = rdzv or FakeRendezvous([assignment(nproc=plan.nproc_per_node)])
+    factory = FakeFactory(plan, clock, script, stuck)
+    return Harness(plan, stop, clock, rdzv, factory, ListObserver())
+
+
+def fail_every_round(rounds: int, code: int = 1, at: float = 60.0) -> Script:
+    """Rank 1 exits with `code` `at` seconds into each round; rank 0 runs until stopped."""
+    return {r: {1: (code, at)} for r in range(rounds)}
+
+
+ALL_SUCCEED = {0: {0: (0, 1.0), 1: (0, 2.0)}}
+
+
+# ------------------------------------------------------------------------------------- success
+def test_success_in_one_attempt() -> None:
+    h = harness(ALL_SUCCEED)
+    outcome = h.run()
+
+    assert outcome.status is Status.SUCCEEDED
+    assert outcome.exit_code == 0
+    assert outcome.attempts == 1
+    assert outcome.root_cause is None
+    assert [(e.rank, e.returncode, e.terminated_by_launcher) for e in outcome.exits] == [
+        (0, 0, False),
+        (1, 0, False),
+    ]
+    assert [e.mono_time for e in outcome.exits] == [T0 + 1.0, T0 + 2.0]
+    assert len(h.factory.calls) == 1
+    assert h.clock.sleeps == []
+    (group,) = h.factory.groups
+    assert group.closed
+    # Standalone membership is fixed: event-driven waits with no timeout, no membership polling.
+    assert group.waits and all(w is None for w in group.waits)
+    assert "num_nodes_waiting" not in h.rdzv.calls
+
+
+def test_a_worker_exiting_0_early_does_not_end_the_attempt() -> None:
+    h = harness({0: {0: (0, 1.0), 1: (5, 50.0)}})
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert outcome.root_cause is not None
+    assert (outcome.root_cause.rank, outcome.root_cause.returncode) == (1, 5)
+    assert outcome.exits[0].returncode == 0
+
+
+# ------------------------------------------------------------------------------------- failure
+def test_failure_without_restarts_blames_the_failing_rank_not_the_stopped_peers() -> None:
+    plan = make_plan(nproc=3, restart=RestartSpec(max_restarts=0), stop_grace=4.0)
+    h = harness({0: {2: (7, 3.0)}}, plan=plan)
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert outcome.exit_code == 1
+    assert outcome.attempts == 1
+    cause = outcome.root_cause
+    assert cause is not None
+    assert (cause.rank, cause.local_rank, cause.returncode) == (2, 2, 7)
+    assert not cause.terminated_by_launcher
+    peers = [e for e in outcome.exits if e is not cause]
+    assert sorted(e.rank for e in peers) == [0, 1]
+    assert all(e.terminated_by_launcher and e.returncode == -SIGTERM for e in peers)
+    assert all(not e.failed for e in peers)
+    (group,) = h.factory.groups
+    assert group.stops == [(SIGTERM, 4.0)]
+    assert group.closed
+    assert "restart.max_restarts=0" in outcome.reason
+    assert h.clock.sleeps == []
+    assert EventKind.RESTART not in h.observer.kinds
+
+
+def test_failure_then_success_restarts_once_with_a_higher_restart_count() -> None:
+    plan = make_plan(restart=RestartSpec(max_restarts=1))
+    h = harness({0: {1: (1, 5.0)}, 1: ALL_SUCCEED[0]}, plan=plan)
+    outcome = h.run()
+
+    assert outcome.status is Status.SUCCEEDED
+    assert outcome.exit_code == 0
+    assert outcome.attempts == 2
+    assert [c.restart_count for c in h.factory.calls] == [0, 1]
+    assert [c.round_no for c in h.factory.calls] == [0, 1]
+    assert [c.env["TORCHELASTIC_RESTART_COUNT"] for c in h.factory.calls] == ["0", "1"]
+    assert [c.env["TORCHELASTIC_MAX_RESTARTS"] for c in h.factory.calls] == ["1", "1"]
+    assert h.rdzv.calls.count("next_round") == 2
+    assert [e.attempt for e in outcome.exits] == [0, 0, 1, 1]
+    # The failure of the first attempt is history; the run succeeded.
+    assert outcome.root_cause is not None and outcome.root_cause.attempt == 0
+    assert all(g.closed for g in h.factory.groups)
+
+
+@pytest.mark.parametrize("max_restarts", [1, 2, 3])
+def test_restart_budget_runs_out_after_max_restarts(max_restarts: int) -> None:
+    plan = make_plan(restart=RestartSpec(max_restarts=max_restarts))
+    h = harness(fail_every_round(max_restarts + 5), plan=plan)
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert outcome.exit_code == 1
+    assert outcome.attempts == max_restarts + 1
+    assert [c.restart_count for c in h.factory.calls] == list(range(max_restarts + 1))
+    assert len(h.observer.of(EventKind.RESTART)) == max_restarts
+    assert f"{max_restarts} of restart.max_restarts={max_restarts}" in outcome.reason
+    assert h.observer.of(EventKind.FINISH)[-1]["reason"] == outcome.reason
+    # Root cause: the first real failure (attempt 0), never a worker the launcher stopped.
+    assert outcome.root_cause is not None
+    assert (outcome.root_cause.rank, outcome.root_cause.attempt) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("jitter", "u"),
+    [(0.0, 0.5), (0.0, 0.9), (0.5, 0.25), (0.2, 0.75)],
+    ids=["no-jitter", "no-jitter-u-ignored", "jitter-low", "jitter-high"],
+)
+def test_backoff_delays_reach_clock_sleep(jitter: float, u: float) -> None:
+    backoff = Backoff(initial=1.5, multiplier=3.0, maximum=100.0, jitter=jitter)
+    plan = make_plan(restart=RestartSpec(max_restarts=3, backoff=backoff))
+    h = harness(fail_every_round(4), plan=plan, u=u)
+    outcome = h.run()
+
+    expected = [backoff_delay(backoff, k, u) for k in (1, 2, 3)]
+    assert h.clock.sleeps == pytest.approx(expected)
+    assert [e["delay"] for e in h.observer.of(EventKind.RESTART)] == pytest.approx(expected)
+    assert [e["restart"] for e in h.observer.of(EventKind.RESTART)] == [1, 2, 3]
+    if jitter == 0.0:
+        assert h.clock.sleeps == pytest.approx([1.5, 4.5, 13.5])
+    assert outcome.attempts == 4
+    # Each new attempt starts after its backoff: the clock shows the sleeps in the start times.
+    starts = [g.started for g in h.factory.groups]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps == pytest.approx([60.0 + d for d in expected])
+
+
+def test_restart_window_refuses_a_restart_after_the_window_filled() -> None:
+    spec = RestartSpec(max_restarts=10, window=RestartWindow(max_restarts=2, seconds=100.0))
+    h = harness(fail_every_round(10, at=10.0), plan=make_plan(restart=spec))
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert outcome.attempts == 3
+    assert "restart.window_restarts=2" in outcome.reason
+
+
+@pytest.mark.parametrize(
+    ("returncode", "spec", "key"),
+    [
+        (3, RestartSpec(max_restarts=5, on_exit_code=((3, Action.FAIL),)), "restart.on_exit_code"),
+        (
+            -SIGKILL,
+            RestartSpec(max_restarts=5, on_signal=((SIGKILL, Action.FAIL),)),
+            "restart.on_signal",
+        ),
+    ],
+    ids=["exit-code-rule", "signal-rule"],
+)
+def test_fail_rule_stops_without_restarting(returncode: int, spec: RestartSpec, key: str) -> None:
+    h = harness({0: {0: (returncode, 2.0)}}, plan=make_plan(restart=spec))
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert outcome.exit_code == 1
+    assert outcome.attempts == 1
+    assert len(h.factory.calls) == 1
+    assert h.clock.sleeps == []
+    assert EventKind.RESTART not in h.observer.kinds
+    finish = h.observer.of(EventKind.FINISH)[-1]
+    assert key in finish["reason"]
+    assert "set to fail" in finish["reason"]
+    assert outcome.root_cause is not None and outcome.root_cause.returncode == returncode
+
+
+def test_a_non_matching_exit_code_rule_still_restarts() -> None:
+    spec = RestartSpec(max_restarts=1, on_exit_code=((3, Action.FAIL),))
+    h = harness({0: {0: (4, 2.0)}, 1: ALL_SUCCEED[0]}, plan=make_plan(restart=spec))
+    assert h.run().status is Status.SUCCEEDED
+    assert len(h.factory.calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("fails_at", "restarts"), [(1.0, False), (10.0, True)], ids=["within", "after"]
+)
+def test_fail_fast_measures_the_runtime_from_the_attempts_start(
+    fails_at: float, restarts: bool
+) -> None:
+    spec = RestartSpec(max_restarts=2, fail_fast_seconds=5.0)
+    # The second attempt starts ~50 s into the run: a runtime measured from the run's start
+    # (instead of the attempt's) would never look fast.
+    script = {0: {1: (1, 50.0)}, 1: {1: (1, fails_at)}, 2: ALL_SUCCEED[0]}
+    h = harness(script, plan=make_plan(restart=spec))
+    outcome = h.run()
+
+    if restarts:
+        assert outcome.status is Status.SUCCEEDED
+        assert len(h.factory.calls) == 3
+    else:
+        assert outcome.status is Status.FAILED
+        assert len(h.factory.calls) == 2
+        assert "within restart.fail_fast_seconds=5" in outcome.reason
+
+
+# ------------------------------------------------------------------------------------- signals
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name
+)
+def test_signal_while_workers_run_stops_them_with_that_signal(sig: signal.Signals) -> None:
+    plan = make_plan(restart=RestartSpec(max_restarts=3), stop_grace=12.0)
+    h = harness({0: {}}, plan=plan)
+    h.stop.at(5.0, int(sig))
+    outcome = h.run()
+
+    assert outcome.status is Status.STOPPED
+    assert outcome.exit_code == 128 + int(sig)
+    assert outcome.signal == int(sig)
+    assert outcome.attempts == 1
+    (group,) = h.factory.groups
+    assert group.stops == [(int(sig), 12.0)]
+    assert group.closed
+    assert h.clock.now == T0 + 5.0
+    assert all(e.terminated_by_launcher and e.returncode == -int(sig) for e in outcome.exits)
+    assert len(outcome.exits) == 2
+    assert outcome.root_cause is None
+    assert h.clock.sleeps == []
+    kinds = h.observer.kinds
+    assert kinds.index(EventKind.SIGNAL) < kinds.index(EventKind.STOP)  # cause, then effect
+    assert kinds[-2:] == [EventKind.STOP, EventKind.FINISH]
+    assert h.observer.of(EventKind.STOP)[0]["signal"] == sig.name
+    assert h.observer.of(EventKind.SIGNAL)[0]["signal"] == sig.name
+    finish = h.observer.of(EventKind.FINISH)[0]
+    assert (finish["status"], finish["exit_code"]) == ("stopped", 128 + int(sig))
+
+
+def test_signal_during_backoff_stops_without_another_attempt() -> None:
+    backoff = Backoff(initial=30.0, maximum=30.0)
+    plan = make_plan(restart=RestartSpec(max_restarts=3, backoff=backoff))
+    h = harness(fail_every_round(4, at=10.0), plan=plan)
+    h.stop.at(10.0 + 3.0, SIGTERM)  # 3 s into the 30 s backoff
+    outcome = h.run()
+
+    assert outcome.status is Status.STOPPED
+    assert outcome.exit_code == 128 + SIGTERM
+    assert len(h.factory.calls) == 1
+    assert h.rdzv.calls.count("next_round") == 1
+    assert h.clock.sleeps == [30.0]
+    assert h.clock.now == T0 + 13.0  # the sleep returned when the signal came
+    assert h.observer.kinds[-2:] == [EventKind.SIGNAL, EventKind.FINISH]
+    assert outcome.root_cause is not None and outcome.root_cause.rank == 1
+
+
+def test_signal_during_backoff_counts_only_the_attempts_that_ran() -> None:
+    plan = make_plan(restart=RestartSpec(max_restarts=3, backoff=Backoff(initial=30.0)))
+    h = harness(fail_every_round(4, at=10.0), plan=plan)
+    h.stop.at(13.0, SIGTERM)
+    outcome = h.run()
+
+    assert len(h.factory.calls) == 1
+    assert outcome.attempts == 1
+    assert h.observer.of(EventKind.FINISH)[0]["attempts"] == 1
+
+
+def test_a_signal_before_the_start_starts_nothing() -> None:
+    h = harness({0: {}})
+    h.stop.signum = int(signal.SIGINT)
+    outcome = h.run()
+
+    assert outcome.status is Status.STOPPED
+    assert outcome.exit_code == 130
+    assert h.rdzv.calls == []
+    assert h.factory.calls == []
+    assert h.observer.kinds == [EventKind.SIGNAL, EventKind.FINISH]
+
+
+def test_a_signal_during_rendezvous_starts_no_workers() -> None:
+    h = harness({0: {}})
+    h.rdzv.on_join = lambda: setattr(h.stop, "signum", SIGTERM)
+    outcome = h.run()
+
+    assert outcome.status is Status.STOPPED
+    assert outcome.exit_code == 128 + SIGTERM
+    assert h.factory.calls == []
+
+
+# ---------------------------------------------------------------------------------- rendezvous
+def test_rendezvous_error_fails_with_exit_code_3_and_starts_no_workers() -> None:
+    error = RendezvousError("rdzv.endpoint: node0:29400 is unreachable")
+    h = harness({0: {}}, rdzv=FakeRendezvous([error]))
+    outcome = h.run()
+
+    assert outcome.status is Status.RENDEZVOUS_FAILED
+    assert outcome.exit_code == 3
+    assert outcome.reason == str(error)
+    assert h.factory.calls == []
+    assert outcome.exits == ()
+    assert h.observer.kinds == [EventKind.FINISH]
+    assert h.observer.of(EventKind.FINISH)[0]["exit_code"] == 3
+
+
+def test_rendezvous_error_on_the_rejoin_after_a_restart() -> None:
+    rdzv = FakeRendezvous([assignment(), RendezvousError("closed")])
+    plan = make_plan(restart=RestartSpec(max_restarts=3))
+    h = harness(fail_every_round(4), plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.RENDEZVOUS_FAILED
+    assert outcome.exit_code == 3
+    assert len(h.factory.calls) == 1
+    assert outcome.root_cause is not None and outcome.root_cause.rank == 1
+
+
+def test_membership_change_rerendezvous_without_spending_the_restart_budget() -> None:
+    first = assignment(nodes=1, node_rank=0)
+    second = assignment(nodes=2, node_rank=1)  # a node joined and sorted before us
+    rdzv = FakeRendezvous([first, second], waiting=[0, 0, 1])
+    plan = make_plan(dynamic=True, monitor_interval=0.5, restart=RestartSpec(max_restarts=0))
+    h = harness({0: {}, 1: ALL_SUCCEED[0]}, plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.SUCCEEDED
+    assert outcome.attempts == 1  # max_restarts=0, yet the job went on: no budget was spent
+    assert [c.restart_count for c in h.factory.calls] == [0, 0]
+    assert [c.round_no for c in h.factory.calls] == [0, 1]
+    assert [c.env["TORCHELASTIC_RESTART_COUNT"] for c in h.factory.calls] == ["0", "0"]
+    assert [c.env["WORLD_SIZE"] for c in h.factory.calls] == ["2", "4"]
+    assert [c.env["RANK"] for c in h.factory.calls] == ["0", "2"]
+    assert h.clock.sleeps == []
+    assert EventKind.RESTART not in h.observer.kinds
+    old, new = h.factory.groups
+    # Dynamic membership: poll with the monitor interval; the third poll saw a waiting node.
+    assert old.waits == [0.5, 0.5, 0.5]
+    assert old.stops == [(SIGTERM, plan.stop_grace)]
+    assert old.closed and new.closed
+    assert [d["round"] for d in h.observer.of(EventKind.RENDEZVOUS)] == [0, 1]
+    assert [d["nodes"] for d in h.observer.of(EventKind.RENDEZVOUS)] == [1, 2]
+    stopped = [e for e in outcome.exits if e.terminated_by_launcher]
+    assert sorted(e.rank for e in stopped) == [0, 1]
+    assert sorted(e.rank for e in outcome.exits if not e.terminated_by_launcher) == [2, 3]
+    assert outcome.root_cause is None
+
+
+def test_failure_after_a_membership_change_spends_the_first_restart() -> None:
+    rdzv = FakeRendezvous([assignment()], waiting=[1])
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=1))
+    script = {0: {}, 1: {0: (9, 4.0)}, 2: ALL_SUCCEED[0]}
+    h = harness(script, plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.SUCCEEDED
+    assert outcome.attempts == 2
+    assert [c.restart_count for c in h.factory.calls] == [0, 0, 1]
+    assert [c.round_no for c in h.factory.calls] == [0, 1, 2]
+    # The launcher-stopped workers of round 0 are never the root cause of round 1's failure.
+    assert outcome.root_cause is not None
+    assert (outcome.root_cause.rank, outcome.root_cause.returncode) == (0, 9)
+
+
+# -------------------------------------------------------------------------------------- events
+def test_events_tell_the_story_in_order() -> None:
+    backoff = Backoff(initial=2.0)
+    plan = make_plan(restart=RestartSpec(max_restarts=1, backoff=backoff))
+    h = harness({0: {1: (1, 3.0)}, 1: ALL_SUCCEED[0]}, plan=plan)
+    outcome = h.run()
+
+    first, second = h.factory.groups
+    expected: list[tuple[EventKind, dict[str, Any]]] = [
+        (EventKind.RENDEZVOUS, {"round": 0, "node_rank": 0, "nodes": 1, "world_size": 2}),
+        (EventKind.WORKERS_STARTED, {"pids": first.pids, "round": 0}),
+        (EventKind.WORKER_EXITED, {"rank": 1, "pid": first.pids[1], "returncode": 1,
+                                   "terminated_by_launcher": False, "round": 0}),
+        (EventKind.WORKER_EXITED, {"rank": 0, "pid": first.pids[0], "returncode": -SIGTERM,
+                                   "terminated_by_launcher": True, "round": 0}),
+        (EventKind.STOP, {"signal": "SIGTERM", "stopped_ranks": [0], "stuck_pids": []}),
+        (EventKind.RESTART, {"delay": 2.0, "restart": 1}),
+        (EventKind.RENDEZVOUS, {"round": 1}),
+        (EventKind.WORKERS_STARTED, {"pids": second.pids, "round": 1}),
+        (EventKind.WORKER_EXITED, {"rank": 0, "returncode": 0, "round": 1}),
+        (EventKind.WORKER_EXITED, {"rank": 1, "returncode": 0, "round": 1}),
+        (EventKind.FINISH, {"status": "succeeded", "exit_code": 0, "attempts": 2}),
+    ]  # fmt: skip
+    assert h.observer.kinds == [kind for kind, _ in expected]
+    for (kind, data), (want_kind, want) in zip(h.observer.events, expected, strict=True):
+        assert kind is want_kind
+        assert {k: data[k] for k in want} == want, kind
+    assert h.observer.of(EventKind.RENDEZVOUS)[0]["master"] == "127.0.0.1:29500"
+    assert first.pids != second.pids
+    assert "restart 1 of 1 after exit code 1" in h.observer.of(EventKind.RESTART)[0]["reason"]
+    assert h.observer.of(EventKind.WORKER_EXITED)[0]["exit"] == "exit code 1"
+    assert outcome.reason == h.observer.of(EventKind.FINISH)[0]["reason"]
+
+
+# ------------------------------------------------------------------------------------- stuck
+def test_pids_that_would_not_die_are_reported() -> None:
+    plan = make_plan(nproc=3, restart=RestartSpec(max_restarts=0))
+    h = harness({0: {0: (1, 2.0)}}, plan=plan, stuck={0: frozenset({2})})
+    outcome = h.run()
+
+    (group,) = h.factory.groups
+    assert outcome.status is Status.FAILED
+    assert outcome.stuck_pids == (group.pids[2],)
+    assert h.observer.of(EventKind.STOP)[0]["stuck_pids"] == [group.pids[2]]
+    assert [e.rank for e in outcome.exits] == [0, 1]  # the stuck one never exited
+    assert group.closed
+
+
+def test_stuck_pids_accumulate_across_attempts_and_signals() -> None:
+    plan = make_plan(restart=RestartSpec(max_restarts=2))
+    h = harness({0: {1: (1, 2.0)}, 1: {}}, plan=plan, stuck={0: frozenset({0}), 1: frozenset({1})})
+    h.stop.at(100.0, SIGTERM)
+    outcome = h.run()
+
+    first, second = h.factory.groups
+    assert outcome.status is Status.STOPPED
+    assert outcome.stuck_pids == (first.pids[0], second.pids[1])
+
+
+# ------------------------------------------------------------------------------ lost exits
+def test_every_exit_of_one_wait_batch_is_recorded() -> None:
+    plan = make_plan(nproc=3, restart=RestartSpec(max_restarts=0))
+    # Ranks 0 and 1 die at the same instant: one wait() returns both.
+    h = harness({0: {0: (1, 2.0), 1: (2, 2.0)}}, plan=plan)
+    outcome = h.run()
+
+    assert sorted((e.rank, e.returncode) for e in outcome.exits) == [(0, 1), (1, 2), (2, -SIGTERM)]
+    assert len(h.observer.of(EventKind.WORKER_EXITED)) == 3
