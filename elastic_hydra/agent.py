@@ -20,7 +20,7 @@ from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor, Rendezvous
 from elastic_hydra.logpump import ConsoleSink
-from elastic_hydra.outcome import RunOutcome
+from elastic_hydra.outcome import RunOutcome, Status
 from elastic_hydra.plan import LaunchPlan, to_dict
 from elastic_hydra.rendezvous import LocalRendezvous
 from elastic_hydra.rundir import RunDir
@@ -196,7 +196,7 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
 
 def summarize(plan: LaunchPlan, outcome: RunOutcome, duration: float) -> dict[str, Any]:
     """The machine-readable summary.json."""
-    cause = outcome.root_cause
+    cause = outcome.root_cause if outcome.status is not Status.SUCCEEDED else None
     return {
         "status": outcome.status.value,
         "exit_code": outcome.exit_code,

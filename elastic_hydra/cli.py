@@ -40,6 +40,7 @@ PRESET_GROUPS = ("rdzv", "restart", "logs")
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
 PLAN_FILE = "plan.json"
 RESULT_FILE = "result.json"
+RESOLVED_CONFIG_FILE = "config.yaml"
 
 schema.register()
 OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
@@ -241,6 +242,8 @@ def _hydra_entry(cfg: DictConfig) -> None:
             _record(JobResult(overrides, EXIT_CONFIG, run_dir, exc.line()))
         return
     Path(run_dir, PLAN_FILE).write_text(json.dumps(to_dict(plan), indent=2) + "\n")
+    # Resolved once here, so workers that use Hydra see one set of values (e.g. one ${now:}).
+    OmegaConf.save(cfg, Path(run_dir, RESOLVED_CONFIG_FILE), resolve=True)
     _record(launch(plan, overrides))
 
 

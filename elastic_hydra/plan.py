@@ -76,7 +76,6 @@ class Static:
 
     master: Endpoint
     node_rank: int
-    timeout: float
 
 
 class DynamicBackend(enum.Enum):

@@ -67,7 +67,7 @@ def describe_rdzv(plan: LaunchPlan) -> str:
         case Standalone():
             return "standalone (this machine only, no external service)"
         case Static():
-            return f"static: node_rank {r.node_rank}, master {r.master}, timeout {r.timeout:g} s"
+            return f"static: node_rank {r.node_rank}, master {r.master}"
         case Dynamic():
             return (
                 f"{r.backend.value} at {r.endpoint}; join_timeout {r.join_timeout:g} s, "

@@ -321,11 +321,8 @@ def _static(conf: ElasticHydraConf, nnodes: NodeRange) -> Static:
         )
     port = STATIC_DEFAULT_PORT if conf.master_port is None else conf.master_port
     _port("master_port", port, port)
-    _seconds("rdzv.timeout", conf.rdzv.timeout)
     return Static(
-        master=Endpoint(host=conf.master_addr or "127.0.0.1", port=port),
-        node_rank=conf.node_rank,
-        timeout=conf.rdzv.timeout,
+        master=Endpoint(host=conf.master_addr or "127.0.0.1", port=port), node_rank=conf.node_rank
     )
 
 

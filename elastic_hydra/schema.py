@@ -35,7 +35,7 @@ class RdzvConf:
     read_timeout: float = 60.0
     # c10d: host the store in this agent (default: when the endpoint is this machine).
     is_host: bool | None = None
-    # static and legacy etcd: how long node 0 waits for the others.
+    # Legacy etcd: how long to wait for the other nodes.
     timeout: float = 900.0
 
 
