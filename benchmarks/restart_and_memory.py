@@ -1,4 +1,4 @@
-"""Restart gap, agent peak RSS and launch time: elastic-hydra and torchrun side by side (A B A B ...).
+"""Restart gap, agent peak RSS and wall time: elastic-hydra and torchrun side by side (A B A B).
 
     python benchmarks/restart_and_memory.py [--runs 5] [--nproc 2]
 
@@ -96,9 +96,10 @@ def main() -> None:
     for name, rows in results.items():
         cols = list(zip(*rows, strict=True))
         medians[name] = [statistics.median(c) for c in cols]
+        labels = ("restart gap s", "agent peak RSS MiB", "wall s")
         text = ", ".join(
             f"{label} {statistics.median(c):.3f} ({min(c):.3f}-{max(c):.3f})"
-            for label, c in zip(("restart gap s", "agent peak RSS MiB", "wall s"), cols, strict=True)
+            for label, c in zip(labels, cols, strict=True)
         )
         print(f"  {name:14} {text}")
     ours, theirs = medians["elastic-hydra"], medians["torchrun"]
