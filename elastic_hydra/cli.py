@@ -149,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         _fail(exc, explain(exc), EXIT_CONFIG)
     except ElasticHydraError as exc:
         _fail(exc, str(exc), exc.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
+        sys.exit(130)
     except yaml.YAMLError as exc:
         _fail(exc, f"job: not valid YAML ({' '.join(str(exc).split())})", EXIT_CONFIG)
     except Exception as exc:  # a bug in the launcher, not the user's fault
@@ -209,16 +211,33 @@ def _run_hydra(inv: Invocation) -> int:
     _results.clear()
     saved = sys.argv
     sys.argv = [saved[0] if saved else "elastic-hydra", *inv.hydra_argv]
+    stopped: int | None = None
     try:
         _hydra_entry()
+    except _SweepStopped as exc:
+        stopped = exc.exit_code
     finally:
         sys.argv = saved
     if inv.multirun:
         from elastic_hydra import render
 
         render.print_sweep(_results)
+        if stopped is not None:
+            return stopped
         return 0 if all(r.exit_code == 0 for r in _results) else 1
     return _results[-1].exit_code if _results else 0
+
+
+class _SweepStopped(BaseException):
+    """A signal stopped a launch: the rest of the sweep must not start.
+
+    A BaseException, so that Hydra's job runner, which records an Exception and moves on to the
+    next job, lets it through.
+    """
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(exit_code)
+        self.exit_code = exit_code
 
 
 def _reraise(func: Callable[[], Any]) -> Any:
@@ -244,7 +263,10 @@ def _hydra_entry(cfg: DictConfig) -> None:
     Path(run_dir, PLAN_FILE).write_text(json.dumps(to_dict(plan), indent=2) + "\n")
     # Resolved once here, so workers that use Hydra see one set of values (e.g. one ${now:}).
     OmegaConf.save(cfg, Path(run_dir, RESOLVED_CONFIG_FILE), resolve=True)
-    _record(launch(plan, overrides))
+    result = launch(plan, overrides)
+    _record(result)
+    if result.exit_code > 128 and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise _SweepStopped(result.exit_code)
 
 
 def _remove_run_dir(path: Path) -> None:
