@@ -1,3 +1,3 @@
-from elastic_hydra.cli import main
+from elastic_hydra.entry import main
 
 main()

@@ -100,13 +100,16 @@ class _Worker:
         self.exited: Exited | None = None
 
     def group_alive(self) -> bool:
+        """Whether a live (non-zombie) process remains in the worker's process group."""
         try:
             os.killpg(self.pid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
             return True
-        return True
+        # killpg also finds zombies, which no signal removes (e.g. a grandchild whose reaper,
+        # PID 1 of a container, never reaps): look for a member that is still running.
+        return any(_live_member(entry, self.pid) for entry in os.scandir("/proc"))
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -246,6 +249,19 @@ class LocalWorkers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(timeout=0 if w.exited else 0.1)
         self._sel.close()
+
+
+def _live_member(entry: os.DirEntry[str], pgid: int) -> bool:
+    if not entry.name.isdigit():
+        return False
+    try:
+        with open(f"/proc/{entry.name}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # Fields after the command name (which may hold spaces): state ppid pgrp ...
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
 
 
 def _drain(fd: int) -> None:
