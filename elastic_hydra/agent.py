@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from elastic_hydra import render
+from elastic_hydra import entry, render
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor, Rendezvous
@@ -24,17 +24,17 @@ from elastic_hydra.outcome import RunOutcome, Status
 from elastic_hydra.plan import LaunchPlan, to_dict
 from elastic_hydra.rendezvous import LocalRendezvous
 from elastic_hydra.rundir import RunDir
-from elastic_hydra.supervise import LocalWorkers, WorkerSpec
+from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED_SIGNALS = entry.STOP_SIGNALS
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 
 
 class StopFlag:
     """Set by the signal handlers; the wake pipe gets a byte so every wait returns at once."""
 
-    def __init__(self) -> None:
-        self.signum: int | None = None
+    def __init__(self, signum: int | None = None) -> None:
+        self.signum = signum
         self.read_fd, self.write_fd = os.pipe()
         for fd in (self.read_fd, self.write_fd):
             os.set_blocking(fd, False)
@@ -107,7 +107,8 @@ class EventLog:
 class LocalWorkerFactory:
     """Builds each attempt's worker specs and starts them."""
 
-    def __init__(self, plan: LaunchPlan, run: RunDir, flag: StopFlag) -> None:
+    def __init__(self, plan: LaunchPlan, run: RunDir, flag: StopFlag, guard: GroupGuard) -> None:
+        self.guard = guard
         self.plan = plan
         self.run = run
         self.flag = flag
@@ -120,7 +121,7 @@ class LocalWorkerFactory:
         specs = [
             self._spec(node, restart_count, round_no, lr) for lr in range(self.plan.nproc_per_node)
         ]
-        return LocalWorkers(specs, self.sink, self.flag.read_fd)
+        return LocalWorkers(specs, self.sink, self.flag.read_fd, self.guard)
 
     def _spec(
         self, node: NodeAssignment, restart_count: int, round_no: int, local_rank: int
@@ -168,22 +169,24 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     run_dir = RunDir(Path(plan.run_dir))
     run_dir.root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    flag = StopFlag()
+    flag = StopFlag(entry.pending_signal())
     events = EventLog(run_dir.events)
     rdzv: Rendezvous | None = None
     outcome: RunOutcome | None = None
+    guard = GroupGuard()
     try:
         with handle_signals(flag):
             rdzv = make_rendezvous(plan)
             outcome = Executor(
                 plan,
                 rendezvous=rdzv,
-                workers=LocalWorkerFactory(plan, run_dir, flag),
+                workers=LocalWorkerFactory(plan, run_dir, flag, guard),
                 clock=RealClock(flag),
                 observer=events,
                 stop=flag,
             ).run()
     finally:
+        guard.close()
         if rdzv is not None:
             rdzv.close()
         events.close()

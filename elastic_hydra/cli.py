@@ -30,7 +30,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from elastic_hydra import schema
+from elastic_hydra import entry, schema
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError, ElasticHydraError
 from elastic_hydra.plan import LaunchPlan, to_dict
 from elastic_hydra.resolve import check_job_file, explain, resolve_config
@@ -163,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             file=sys.stderr,
         )
         sys.exit(70)
+    if (signum := entry.pending_signal()) is not None:
+        sys.exit(128 + signum)
     sys.exit(code)
 
 
@@ -225,6 +227,8 @@ def _run_hydra(inv: Invocation) -> int:
         if stopped is not None:
             return stopped
         return 0 if all(r.exit_code == 0 for r in _results) else 1
+    if stopped is not None:
+        return stopped
     return _results[-1].exit_code if _results else 0
 
 
@@ -263,6 +267,9 @@ def _hydra_entry(cfg: DictConfig) -> None:
     Path(run_dir, PLAN_FILE).write_text(json.dumps(to_dict(plan), indent=2) + "\n")
     # Resolved once here, so workers that use Hydra see one set of values (e.g. one ${now:}).
     OmegaConf.save(cfg, Path(run_dir, RESOLVED_CONFIG_FILE), resolve=True)
+    if (signum := entry.pending_signal()) is not None:  # stopped before anything started
+        _record(JobResult(overrides, 128 + signum, run_dir, "stopped before the launch"))
+        raise _SweepStopped(128 + signum)
     result = launch(plan, overrides)
     _record(result)
     if result.exit_code > 128 and HydraConfig.get().mode == RunMode.MULTIRUN:

@@ -116,10 +116,61 @@ class _Worker:
             os.killpg(self.pid, sig)
 
 
+class GroupGuard:
+    """Kills the workers' whole process groups (grandchildren too) if the agent dies.
+
+    PR_SET_PDEATHSIG reaches the workers only. This ~1 ms shell process reads the groups to guard
+    from a pipe that only the agent holds: end of file without a clean `exit` means the agent is
+    gone (even by SIGKILL), and it SIGKILLs every group it was told about.
+    """
+
+    _SCRIPT = (
+        'while read -r g; do case $g in exit) exit 0;; reset) gs="";; *) gs="$gs $g";; esac; '
+        "done; for g in $gs; do kill -s KILL -- -$g 2>/dev/null; done"
+    )
+
+    def __init__(self) -> None:
+        read_fd, self._write_fd = os.pipe()  # not inherited by workers: EOF means agent death
+        self._proc = subprocess.Popen(
+            ["/bin/sh", "-c", self._SCRIPT],
+            stdin=read_fd,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to the terminal must not take the guard down
+        )
+        os.close(read_fd)
+
+    def _send(self, line: str) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            _write_all(self._write_fd, f"{line}\n".encode())
+
+    def watch(self, pgid: int) -> None:
+        self._send(str(pgid))
+
+    def forget_all(self) -> None:
+        """The guarded groups are gone (their ids may be reused): drop them."""
+        self._send("reset")
+
+    def close(self) -> None:
+        self._send("exit")
+        os.close(self._write_fd)
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 class LocalWorkers:
     """One attempt's worker processes on this node."""
 
-    def __init__(self, specs: list[WorkerSpec], sink: ConsoleSink | None, wake_fd: int) -> None:
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        sink: ConsoleSink | None,
+        wake_fd: int,
+        guard: GroupGuard | None = None,
+    ) -> None:
+        self._guard = guard
         self._sel = selectors.DefaultSelector()
         self._wake_fd = wake_fd
         self._sel.register(wake_fd, selectors.EVENT_READ, None)
@@ -128,6 +179,8 @@ class LocalWorkers:
             for spec in specs:
                 worker = _Worker(spec, sink)
                 self.workers.append(worker)
+                if guard is not None:
+                    guard.watch(worker.pid)
                 self._sel.register(worker.pidfd, selectors.EVENT_READ, worker)
                 for fd in worker.pipes:
                     self._sel.register(fd, selectors.EVENT_READ, (worker, fd))
@@ -248,6 +301,8 @@ class LocalWorkers:
             # Reap: never leave zombies. One still running is stuck in the kernel (see stop()).
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(timeout=0 if w.exited else 0.1)
+        if self._guard is not None and not any(w.group_alive() for w in self.workers):
+            self._guard.forget_all()
         self._sel.close()
 
 
