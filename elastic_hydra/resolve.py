@@ -6,7 +6,6 @@ and OmegaConf's own composition errors into the same one-line form.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import re
@@ -14,8 +13,6 @@ import shlex
 import shutil
 import signal
 import sys
-import types
-import typing
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,7 +23,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from elastic_hydra import devices
+from elastic_hydra import devices, schema
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import (
     Action,
@@ -46,7 +43,7 @@ from elastic_hydra.plan import (
     Standalone,
     Static,
 )
-from elastic_hydra.schema import BackoffConf, ElasticHydraConf, LogsConf, RdzvConf, RestartConf
+from elastic_hydra.schema import ElasticHydraConf, LogsConf, RestartConf
 
 BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd")
 DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379, "etcd": 2379}
@@ -99,7 +96,7 @@ def resolve_config(cfg: DictConfig, *, run_dir: str = "", host: Host | None = No
 
 def _check_known_keys(cfg: DictConfig) -> None:
     """Keys forced in with `+key=value` compose, but the schema would drop them silently."""
-    known = set(schema_keys())
+    known = set(schema.schema_keys())
     prefixes = {k.rsplit(".", 1)[0] for k in known if "." in k}
 
     def walk(node: DictConfig, prefix: str) -> None:
@@ -546,11 +543,13 @@ def _from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
         return ConfigError(key, "required value is missing", "???", f"set it: {key}=...")
     found = re.search(r"Value '(.*)' of type '(\w+)'", msg)
     value: object = found.group(1) if found else "<invalid>"
-    return ConfigError(key, msg.rstrip("."), value, f"expected {_describe(_field_type(key))}")
+    return ConfigError(
+        key, msg.rstrip("."), value, f"expected {schema.describe(schema.field_type(key))}"
+    )
 
 
 def _unknown_key(key: str) -> ConfigError:
-    known = schema_keys()
+    known = schema.schema_keys()
     last = key.rsplit(".", 1)[-1]
     near = (
         difflib.get_close_matches(key, known, n=1)
@@ -560,42 +559,3 @@ def _unknown_key(key: str) -> ConfigError:
     )
     hint = f"Did you mean {near[0]}?" if near else "See elastic-hydra --help for the keys."
     return ConfigError(key, "unknown key", key, "expected a key of the job schema", hint)
-
-
-def schema_keys(cls: type = ElasticHydraConf, prefix: str = "") -> list[str]:
-    """Every key of the schema, dotted (env.* and hp.* are free-form)."""
-    keys = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            keys += schema_keys(typing.cast(type, kind), f"{prefix}{f.name}.")
-        else:
-            keys.append(f"{prefix}{f.name}")
-    return keys
-
-
-def _field_type(key: str) -> object:
-    kind: object = ElasticHydraConf
-    for part in key.split("."):
-        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
-            return kind
-        kind = typing.get_type_hints(kind).get(part, Any)
-    return kind
-
-
-def _describe(kind: object) -> str:
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    if isinstance(kind, type) and kind in names:
-        return names[kind]
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    origin = typing.get_origin(kind)
-    if origin in (typing.Union, types.UnionType) and len(args) == 1:
-        return f"{_describe(args[0])} or null"
-    if origin is list and args:
-        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
-    if origin is dict:
-        return "a mapping"
-    if kind in (RdzvConf, RestartConf, LogsConf, BackoffConf):
-        return "a mapping"
-    return "a valid value"

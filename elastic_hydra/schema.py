@@ -6,6 +6,9 @@ torchrun's where torchrun has one.
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,3 +124,43 @@ def register() -> None:
     OmegaConf.set_struct(node.env, False)
     OmegaConf.set_struct(node.hp, False)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=node)
+
+
+# ----------------------------------------------------------------- introspection, for messages
+def schema_keys(cls: type = ElasticHydraConf, prefix: str = "") -> list[str]:
+    """Every key of the schema, dotted (env.* and hp.* are free-form)."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            keys += schema_keys(typing.cast(type, kind), f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def field_type(key: str) -> object:
+    """The annotated type of a dotted key (Any below free-form mappings)."""
+    kind: object = ElasticHydraConf
+    for part in key.split("."):
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            return kind
+        kind = typing.get_type_hints(kind).get(part, Any)
+    return kind
+
+
+def describe(kind: object) -> str:
+    """A type as the fix of an error message says it: "an integer", "a list of integers"."""
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if isinstance(kind, type) and kind in names:
+        return names[kind]
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return f"{describe(args[0])} or null"
+    if origin is list and args:
+        return f"a list of {describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict or dataclasses.is_dataclass(kind):
+        return "a mapping"
+    return "a valid value"
