@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -200,6 +200,8 @@ def _fail(exc: BaseException, line: str, code: int) -> NoReturn:
 
 
 def _version() -> str:
+    from importlib import metadata  # ~25 ms: only for --version
+
     try:
         return metadata.version("elastic-hydra")
     except metadata.PackageNotFoundError:
