@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import time
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from conftest import ELASTIC_HYDRA, WORKERS
 
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.skipif(find_spec("torch") is None, reason="the workers need torch"),
 ]
 
 NNODES, NPROC = 2, 2

@@ -26,7 +26,6 @@ import os
 import socket
 import subprocess
 import sys
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,6 @@ from conftest import ELASTIC_HYDRA, WORKERS
 
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.skipif(find_spec("torch") is None, reason="torchrun needs torch installed"),
 ]
 
 WORKER = WORKERS / "dump_env.py"  # dump_env.py DIR -> DIR/env_<RANK>_<RESTART_COUNT>.json
