@@ -19,7 +19,7 @@ from elastic_hydra import entry, render
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor, Rendezvous
-from elastic_hydra.logpump import ConsoleSink
+from elastic_hydra.logpump import ConsoleSink, drain
 from elastic_hydra.outcome import RunOutcome, Status
 from elastic_hydra.plan import LaunchPlan, to_dict
 from elastic_hydra.rendezvous import LocalRendezvous
@@ -44,11 +44,7 @@ class StopFlag:
             self.signum = signum
 
     def drain(self) -> None:
-        try:
-            while os.read(self.read_fd, 512):
-                pass
-        except BlockingIOError:
-            pass
+        drain(self.read_fd)
 
     def close(self) -> None:
         os.close(self.read_fd)

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
 _MAX_PENDING = 8 << 20  # a line longer than this is forwarded in pieces
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte, through interrupted and would-block writes."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except (InterruptedError, BlockingIOError):
+            time.sleep(0.001)
+
+
+def drain(fd: int) -> None:
+    """Read a non-blocking descriptor empty (a wake-up pipe)."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 class ConsoleSink:
@@ -15,15 +35,9 @@ class ConsoleSink:
         self.fds = {1: stdout_fd, 2: stderr_fd}
 
     def write(self, stream: int, data: bytes) -> None:
-        fd = self.fds[stream]
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(fd, view) :]
-            except (InterruptedError, BlockingIOError):
-                time.sleep(0.001)
-            except BrokenPipeError:
-                return  # the console went away; the log files still get everything
+        # A console that went away (`| head`) loses its copy; the log files still get everything.
+        with contextlib.suppress(BrokenPipeError):
+            write_all(self.fds[stream], data)
 
 
 class LinePrefixer:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import selectors
 import shutil
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from elastic_hydra.logpump import ConsoleSink, LinePrefixer
+from elastic_hydra.logpump import ConsoleSink, LinePrefixer, drain, write_all
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -141,7 +140,7 @@ class GroupGuard:
 
     def _send(self, line: str) -> None:
         with contextlib.suppress(BrokenPipeError):
-            _write_all(self._write_fd, f"{line}\n".encode())
+            write_all(self._write_fd, f"{line}\n".encode())
 
     def watch(self, pgid: int) -> None:
         self._send(str(pgid))
@@ -216,7 +215,7 @@ class LocalWorkers:
         for key, _ in self._sel.select(timeout):
             if key.data is None:
                 woken = True
-                _drain(self._wake_fd)
+                drain(self._wake_fd)
             elif isinstance(key.data, _Worker):
                 exited += self._reap(key.data)
             else:
@@ -246,7 +245,7 @@ class LocalWorkers:
         except BlockingIOError:
             return
         if data:
-            _write_all(worker.files[stream], data)
+            write_all(worker.files[stream], data)
             prefixer.feed(data)
             return
         prefixer.flush()
@@ -317,25 +316,3 @@ def _live_member(entry: os.DirEntry[str], pgid: int) -> bool:
     # Fields after the command name (which may hold spaces): state ppid pgrp ...
     fields = stat[stat.rfind(b")") + 2 :].split()
     return int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 512):
-            pass
-    except BlockingIOError:
-        pass
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except InterruptedError:
-            continue
-        except OSError as exc:
-            if exc.errno == errno.EAGAIN:
-                time.sleep(0.001)
-                continue
-            raise

@@ -33,18 +33,20 @@ def no_leftover_processes() -> Iterator[None]:
     """Fail any test that leaves a descendant of this process alive (and kill it)."""
     me = psutil.Process(os.getpid())
     before = {p.pid for p in me.children(recursive=True)}
-    yield
-    deadline = time.monotonic() + 5.0
-    left: list[psutil.Process] = []
-    while time.monotonic() < deadline:
-        left = [
+
+    def leftovers() -> list[psutil.Process]:
+        return [
             p
             for p in me.children(recursive=True)
             if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
         ]
-        if not left:
-            return
-        time.sleep(0.05)
+
+    yield
+    try:
+        wait_for(lambda: not leftovers(), 5.0, "the test's processes to end", interval=0.05)
+        return
+    except AssertionError:
+        left = leftovers()
     names = [(p.pid, " ".join(p.cmdline()[:4])) for p in left]
     for p in left:
         p.kill()

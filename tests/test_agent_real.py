@@ -445,6 +445,14 @@ def test_sigterm_during_restart_backoff_exits_at_once(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- 7 logs, nothing lost
+def assert_files_hold_everything(run_dir: Path, spam: Any, nproc: int, lines: int) -> None:
+    """Every byte each rank wrote is in its attempt_0 log files."""
+    for rank in range(nproc):
+        out, err = spam.expected(rank, lines)
+        assert (run_dir / "attempt_0" / str(rank) / "stdout.log").read_bytes() == out
+        assert (run_dir / "attempt_0" / str(rank) / "stderr.log").read_bytes() == err
+
+
 def _console_lines(data: bytes, prefix: bytes) -> bytes:
     """The lines of `data` that carry `prefix`, prefix removed, newline-terminated."""
     return b"".join(
@@ -489,10 +497,7 @@ def test_logs_ranks_filters_the_console_only(tmp_path: Path) -> None:
     for rank in (0, 2):
         assert b"[default%d]:" % rank not in proc.stdout + proc.stderr
         assert b"rank %d " % rank not in proc.stdout + proc.stderr
-    for rank in range(nproc):
-        out, err = spam.expected(rank, lines)
-        assert (run_dir / "attempt_0" / str(rank) / "stdout.log").read_bytes() == out
-        assert (run_dir / "attempt_0" / str(rank) / "stderr.log").read_bytes() == err
+    assert_files_hold_everything(run_dir, spam, nproc, lines)
 
 
 def test_logs_quiet_prints_no_worker_line(tmp_path: Path) -> None:
@@ -505,10 +510,7 @@ def test_logs_quiet_prints_no_worker_line(tmp_path: Path) -> None:
     assert b"rank " not in proc.stdout and b"rank " not in proc.stderr
     assert b"[default" not in proc.stdout + proc.stderr
     run_dir = find_run_dir(tmp_path / "eh_logs")
-    for rank in range(nproc):
-        out, err = spam.expected(rank, lines)
-        assert (run_dir / "attempt_0" / str(rank) / "stdout.log").read_bytes() == out
-        assert (run_dir / "attempt_0" / str(rank) / "stderr.log").read_bytes() == err
+    assert_files_hold_everything(run_dir, spam, nproc, lines)
 
 
 def test_console_closed_early_loses_nothing_in_files(tmp_path: Path) -> None:
