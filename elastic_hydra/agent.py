@@ -7,6 +7,7 @@ import os
 import random
 import select
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -16,17 +17,21 @@ from types import FrameType
 from typing import IO, Any
 
 from elastic_hydra import entry, render
+from elastic_hydra.capture import read_failure
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor, Rendezvous
 from elastic_hydra.logpump import ConsoleSink, drain
-from elastic_hydra.outcome import RunOutcome, Status
-from elastic_hydra.plan import LaunchPlan, to_dict
+from elastic_hydra.outcome import RunOutcome, WorkerFailure
+from elastic_hydra.plan import LaunchPlan, worker_argv
 from elastic_hydra.rendezvous import LocalRendezvous
 from elastic_hydra.rundir import RunDir
+from elastic_hydra.summary import summarize
 from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
 
 FORWARDED_SIGNALS = entry.STOP_SIGNALS
+HOST = socket.gethostname()
+BOOTSTRAP = Path(__file__).with_name("bootstrap.py")
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 
 
@@ -112,6 +117,7 @@ class LocalWorkerFactory:
         self.cwd = os.getcwd()
         self.sink = None if plan.logs.quiet or not plan.logs.tee else ConsoleSink()
         self.colour = sys.stdout.isatty()
+        self.argv = worker_argv(plan.entrypoint, bootstrap=str(BOOTSTRAP))
 
     def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> LocalWorkers:
         specs = [
@@ -127,13 +133,14 @@ class LocalWorkerFactory:
             plan_path=str(self.run.plan),
             config_path=str(self.run.config),
             error_file=str(self.run.error_file(round_no, local_rank)),
+            fault_file=str(self.run.fault_file(round_no, local_rank)),
         )
         rank = node.base_rank + local_rank
         ranks = self.plan.logs.console_ranks
         return WorkerSpec(
             local_rank=local_rank,
             rank=rank,
-            argv=self.plan.argv,
+            argv=self.argv,
             env=worker_env(
                 self.plan,
                 self.base_env,
@@ -164,7 +171,7 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
     run_dir.root.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     flag = StopFlag(entry.pending_signal())
     events = EventLog(run_dir.events)
     rdzv: Rendezvous | None = None
@@ -181,31 +188,24 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
                 observer=events,
                 stop=flag,
             ).run()
+    except BaseException as exc:  # a bug in the launcher: still leave a summary behind
+        error = {"status": "error", "exit_code": 70, "message": f"{type(exc).__name__}: {exc}"}
+        run_dir.summary.write_text(json.dumps(error, indent=2) + "\n")
+        raise
     finally:
         guard.close()
         if rdzv is not None:
             rdzv.close()
         events.close()
         flag.close()
-    summary = summarize(plan, outcome, time.monotonic() - started)
+    failures = [
+        WorkerFailure(exit=e, detail=read_failure(run_dir, e, plan.logs.tail_lines), host=HOST)
+        for e in outcome.exits
+        if e.returncode != 0
+    ]
+    summary = summarize(
+        plan, outcome, failures, host=HOST, started=started_at, duration=time.monotonic() - started
+    )
     run_dir.summary.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    render.print_outcome(plan, outcome, summary, quiet=plan.logs.quiet)
+    render.print_outcome(summary, quiet=plan.logs.quiet)
     return outcome.exit_code, summary
-
-
-def summarize(plan: LaunchPlan, outcome: RunOutcome, duration: float) -> dict[str, Any]:
-    """The machine-readable summary.json."""
-    cause = outcome.root_cause if outcome.status is not Status.SUCCEEDED else None
-    return {
-        "status": outcome.status.value,
-        "exit_code": outcome.exit_code,
-        "message": outcome.reason,
-        "attempts": outcome.attempts,
-        "duration_s": round(duration, 6),
-        "run_id": plan.run_id,
-        "run_dir": plan.run_dir,
-        "signal": outcome.signal,
-        "stuck_pids": list(outcome.stuck_pids),
-        "root_cause": to_dict(cause) if cause else None,
-        "exits": [to_dict(e) for e in outcome.exits],
-    }

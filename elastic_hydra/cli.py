@@ -1,6 +1,7 @@
 """The `elastic-hydra` command: argv sugar around Hydra, exit codes, and user-facing errors.
 
 elastic-hydra [JOB.yaml] [-m] [--plan] [key=value ...] [-- SCRIPT ARGS ...]
+elastic-hydra report RUN_DIR
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from elastic_hydra import entry, schema
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError, ElasticHydraError
 from elastic_hydra.plan import LaunchPlan, to_dict
 from elastic_hydra.resolve import check_job_file, explain, resolve_config
+from elastic_hydra.rundir import RunDir
 
 CONF_MODULE = "elastic_hydra.conf"
 PRESET_GROUPS = ("rdzv", "restart", "logs")
@@ -137,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(0)
     args = _completion_args(args)
     try:
+        if args[:1] == ["report"]:
+            sys.exit(report(args[1:]))
         inv = parse_argv(args)
         if inv.job is not None:
             if not inv.job.is_file():
@@ -298,6 +302,44 @@ def _record(result: JobResult) -> None:
     _results.append(result)
     payload = {"overrides": result.overrides, "exit_code": result.exit_code, **result.details}
     Path(result.run_dir, RESULT_FILE).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+# ----------------------------------------------------------------------------------------- report
+def report(args: Sequence[str]) -> int:
+    """`elastic-hydra report RUN_DIR`: re-render a finished run's summary and timeline."""
+    if len(args) != 1:
+        raise ConfigError(
+            "report",
+            "needs one run dir",
+            " ".join(args) or "<nothing>",
+            "expected elastic-hydra report RUN_DIR",
+        )
+    run = RunDir(Path(args[0]))
+    try:
+        summary = json.loads(run.summary.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            "report",
+            "no summary.json in this directory",
+            args[0],
+            "expected the run dir of a launch (it is printed at the end of each run)",
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            "report",
+            f"summary.json is not JSON ({exc})",
+            args[0],
+            "expected a run dir written by elastic-hydra",
+        ) from None
+    events = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in run.events.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a line cut short by a killed agent
+                events.append(json.loads(line))
+    from elastic_hydra import render
+
+    render.print_report(summary, events)
+    return 0
 
 
 # ------------------------------------------------------------------------------------------- plan

@@ -14,6 +14,7 @@ RUN_DIR = "ELASTIC_HYDRA_RUN_DIR"
 ATTEMPT = "ELASTIC_HYDRA_ATTEMPT"
 PLAN_PATH = "ELASTIC_HYDRA_PLAN"
 CONFIG_PATH = "ELASTIC_HYDRA_CONFIG"
+FAULT_FILE = "ELASTIC_HYDRA_FAULT_FILE"  # where the bootstrap's faulthandler writes a crash
 
 # Variables torchrun's agent sets for its own use that must not leak into our workers' contract.
 _AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE",)
@@ -39,6 +40,7 @@ class WorkerFiles:
     plan_path: str
     config_path: str
     error_file: str
+    fault_file: str
 
 
 def worker_env(
@@ -78,6 +80,7 @@ def worker_env(
             ATTEMPT: str(attempt),
             PLAN_PATH: files.plan_path,
             CONFIG_PATH: files.config_path,
+            FAULT_FILE: files.fault_file,
         }
     )
     return env

@@ -173,6 +173,7 @@ class Executor:
             wall_time=exited.wall_time,
             mono_time=exited.mono_time,
             attempt=self.state.restarts,
+            round=self.state.rounds,
             terminated_by_launcher=by_launcher,
         )
         self.state.exits.append(record)
@@ -208,7 +209,7 @@ class Executor:
             )
 
     def _restart(self, started: float) -> bool:
-        cause = root_cause(e for e in self.state.exits if e.attempt == self.state.restarts)
+        cause = root_cause(self.state.exits)
         assert cause is not None
         decision = policy.decide(
             self.plan.restart,

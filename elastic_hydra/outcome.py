@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import enum
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from elastic_hydra.errors import EXIT_OK, EXIT_RENDEZVOUS, EXIT_WORKERS_FAILED
+from elastic_hydra.tracebacks import Stack
+
+T = TypeVar("T")
 
 # Shells report a child killed by signal N as exit code 128+N.
 _SHELL_SIGNAL_BASE = 128
@@ -32,6 +36,20 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+# What a death by signal usually means, for the person reading the summary.
+_SIGNAL_HINTS = {
+    signal.SIGKILL: "killed (SIGKILL) - often the kernel OOM killer; see `dmesg` or memory limits",
+    signal.SIGSEGV: "segmentation fault (SIGSEGV)",
+    signal.SIGABRT: "aborted (SIGABRT) - e.g. a failed C/C++ assertion or uncaught C++ exception",
+    signal.SIGFPE: "floating-point exception (SIGFPE) - e.g. an integer division by zero in C",
+    signal.SIGBUS: "bus error (SIGBUS) - often a full /dev/shm (shared memory)",
+    signal.SIGILL: "illegal instruction (SIGILL) - a binary built for another CPU",
+    signal.SIGTERM: "terminated (SIGTERM)",
+    signal.SIGINT: "interrupted (SIGINT)",
+    signal.SIGHUP: "hung up (SIGHUP)",
+}
+
+
 def describe_returncode(returncode: int) -> str:
     """`exit code 3`, `killed by SIGKILL`, or `exit code 137 (SIGKILL from a shell)`."""
     if returncode < 0:
@@ -40,6 +58,15 @@ def describe_returncode(returncode: int) -> str:
     if sig is not None:
         return f"exit code {returncode} ({signal_name(sig)} from a shell)"
     return f"exit code {returncode}"
+
+
+def explain_returncode(returncode: int) -> str:
+    """The exit for people: `exit code 3`, or the signal's meaning (also for a shell's 128+N)."""
+    sig = signal_of(returncode)
+    if sig is None:
+        return f"exit code {returncode}"
+    hint = _SIGNAL_HINTS.get(sig, f"killed by {signal_name(sig)}")  # type: ignore[call-overload]
+    return hint if returncode < 0 else f"exit code {returncode}: {hint}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +79,8 @@ class WorkerExit:
     returncode: int
     wall_time: float
     mono_time: float
-    attempt: int
+    attempt: int  # restarts before this worker's start
+    round: int = 0  # worker-group starts before this one (restarts and membership changes)
     terminated_by_launcher: bool = False
 
     @property
@@ -61,9 +89,54 @@ class WorkerExit:
 
 
 def root_cause(exits: Iterable[WorkerExit]) -> WorkerExit | None:
-    """The earliest real failure; workers the launcher stopped are never chosen."""
-    failures = [e for e in exits if e.failed]
-    return min(failures, key=lambda e: (e.mono_time, e.rank)) if failures else None
+    """The earliest real failure of the last group that failed; stopped workers are never chosen."""
+    return _earliest(exits, lambda e: e, lambda e: e.mono_time)
+
+
+def _earliest(
+    items: Iterable[T], exit_of: Callable[[T], WorkerExit], time_of: Callable[[T], float]
+) -> T | None:
+    failed = [i for i in items if exit_of(i).failed]
+    if not failed:
+        return None
+    last = max(exit_of(i).round for i in failed)
+    return min(
+        (i for i in failed if exit_of(i).round == last), key=lambda i: (time_of(i), exit_of(i).rank)
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailureDetail:
+    """What a failed worker left behind, read from its files after it exited."""
+
+    source: str  # "exception" (bootstrap), "error_file" (@record), "crash", "stderr", "none"
+    message: str = ""  # e.g. "ValueError: boom"
+    stacks: tuple[Stack, ...] = ()
+    reported_time: float | None = None  # when the worker recorded the error (wall clock)
+    error_file: str | None = None
+    stderr_tail: tuple[str, ...] = ()
+    stdout_log: str = ""
+    stderr_log: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerFailure:
+    """A worker that ended with a non-zero code, and what it left behind."""
+
+    exit: WorkerExit
+    detail: FailureDetail
+    host: str
+
+    @property
+    def time(self) -> float:
+        """When it failed (wall clock): its own record if it wrote one, else when it was seen."""
+        reported = self.detail.reported_time
+        return self.exit.wall_time if reported is None else min(reported, self.exit.wall_time)
+
+
+def first_failure(failures: Iterable[WorkerFailure]) -> WorkerFailure | None:
+    """The root cause among failure records: like `root_cause`, by the workers' own times."""
+    return _earliest(failures, lambda f: f.exit, lambda f: f.time)
 
 
 class Status(enum.Enum):

@@ -19,6 +19,7 @@ class PythonScript:
     path: str
     python: str
     args: tuple[str, ...] = ()
+    bootstrap: bool = True  # run it through the traceback-recording bootstrap
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +29,7 @@ class PythonModule:
     name: str
     python: str
     args: tuple[str, ...] = ()
+    bootstrap: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,13 +43,18 @@ class Command:
 Entrypoint = PythonScript | PythonModule | Command
 
 
-def worker_argv(entry: Entrypoint) -> tuple[str, ...]:
-    """The exact argv of a worker (torchrun's form: unbuffered Python, no --local-rank)."""
+def worker_argv(entry: Entrypoint, bootstrap: str | None = None) -> tuple[str, ...]:
+    """The exact argv of a worker (torchrun's form: unbuffered Python, no --local-rank).
+
+    `bootstrap` is the path of the bootstrap file, for entrypoints that want it.
+    """
     match entry:
         case PythonScript(path=path, python=python, args=args):
-            return (python, "-u", path, *args)
+            boot = (bootstrap,) if bootstrap and entry.bootstrap else ()
+            return (python, "-u", *boot, path, *args)
         case PythonModule(name=name, python=python, args=args):
-            return (python, "-u", "-m", name, *args)
+            boot = (bootstrap,) if bootstrap and entry.bootstrap else ()
+            return (python, "-u", *boot, "-m", name, *args)
         case Command(program=program, args=args):
             return (program, *args)
 

@@ -9,14 +9,20 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
+from rich.traceback import Frame as RichFrame
+from rich.traceback import Stack as RichStack
+from rich.traceback import Trace, Traceback
 
-from elastic_hydra.outcome import RunOutcome, Status, describe_returncode
+from elastic_hydra import tracebacks
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
 
 if TYPE_CHECKING:
@@ -127,23 +133,148 @@ def print_sweep(results: Sequence[JobResult]) -> None:
     console().print(sweep_table(results))
 
 
-def print_outcome(
-    plan: LaunchPlan, outcome: RunOutcome, summary: dict[str, Any], *, quiet: bool = False
-) -> None:
-    """The closing lines of a launch, on stderr."""
-    out = console(stderr=True, soft_wrap=True)
-    took = f"{summary['duration_s']:.2f} s, {outcome.attempts} attempt(s)"
-    if outcome.status is Status.SUCCEEDED:
+# --------------------------------------------------------------------------------- run summary
+def print_outcome(summary: Mapping[str, Any], *, quiet: bool = False) -> None:
+    """The closing report of a launch, on stderr: rich on a terminal, plain text elsewhere."""
+    out = console(stderr=True)
+    if summary.get("status") == "succeeded":
         if not quiet:
-            out.print(f"[green]elastic-hydra: succeeded[/] ({took}); run dir {plan.run_dir}")
+            out.print(
+                f"[green]elastic-hydra: succeeded[/] ({_took(summary)}); run dir {summary['run_dir']}",
+                soft_wrap=True,
+            )
         return
-    out.print(f"[bold red]elastic-hydra: {outcome.status.value}[/]: {outcome.reason} ({took})")
-    cause = outcome.root_cause
+    out.print(outcome_report(summary, plain=not out.is_terminal, width=out.width))
+
+
+def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100) -> RenderableType:
+    """The failure report: root cause and its traceback, the other ranks, where the logs are."""
+    title = f"elastic-hydra: {summary['status']}"
+    parts: list[RenderableType] = [Text(f"{summary['message']} ({_took(summary)})")]
+    cause = summary.get("root_cause")
     if cause is not None:
-        out.print(
-            f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}), "
-            f"{describe_returncode(cause.returncode)}"
-        )
-    if outcome.stuck_pids:
-        out.print(f"  [red]processes that would not die:[/] {list(outcome.stuck_pids)}")
-    out.print(f"  run dir {plan.run_dir}")
+        parts += _root_cause(cause, plain=plain, width=width)
+    others = _other_ranks(summary, cause, plain=plain)
+    if others is not None:
+        parts.append(others)
+    if summary.get("stuck_pids"):
+        parts.append(Text(f"processes that would not die: {summary['stuck_pids']}", style="red"))
+    parts.append(Text(f"run dir: {summary['run_dir']}"))
+    if cause is not None:
+        parts.append(Text(f"logs of rank {cause['rank']}: {cause['stderr_log']}"))
+    if plain:
+        parts[0] = Text.assemble((f"{title}: ", "bold red"), parts[0])
+        return Group(*parts)
+    return Panel(
+        Group(*parts),
+        title=Text(title, style="bold red"),
+        title_align="left",
+        border_style="red",
+        box=box.ROUNDED,
+    )
+
+
+def _root_cause(cause: Mapping[str, Any], *, plain: bool, width: int) -> list[RenderableType]:
+    when = datetime.fromtimestamp(cause["time"]).isoformat(sep=" ", timespec="milliseconds")
+    head = Text.assemble(
+        ("root cause: ", "bold"),
+        (f"rank {cause['rank']}", "bold yellow"),
+        f" (local rank {cause['local_rank']}) on {cause['host']}, pid {cause['pid']}, "
+        f"attempt {cause['attempt']}, ",
+        (cause["exit"], "bold red"),
+        f", at {when}",
+    )
+    parts: list[RenderableType] = [head]
+    stacks = tracebacks.from_json(cause.get("traceback") or [])
+    if stacks and plain:
+        parts.append(Text(tracebacks.format_stacks(stacks)))
+    elif stacks:
+        parts.append(_rich_traceback(stacks, width))
+    elif cause.get("message"):
+        parts.append(Text(cause["message"], style="red"))
+    if not stacks or cause.get("source") in ("crash", "none"):
+        parts += _stderr_tail(cause)
+    return parts
+
+
+def _rich_traceback(stacks: Sequence[tracebacks.Stack], width: int) -> RenderableType:
+    trace = Trace(
+        stacks=[
+            RichStack(
+                exc_type=s.exc_type,
+                exc_value=s.exc_value,
+                is_cause=s.link == "cause",
+                frames=[RichFrame(f.filename, f.lineno, f.name, f.line) for f in s.frames],
+            )
+            for s in reversed(stacks)  # rich keeps the newest exception first
+        ]
+    )
+    return Traceback(trace, width=width, extra_lines=1, max_frames=30)
+
+
+def _stderr_tail(cause: Mapping[str, Any]) -> list[RenderableType]:
+    tail = cause.get("stderr_tail") or []
+    if not tail:
+        return [Text(f"(stderr was empty: {cause['stderr_log']})", style="dim")]
+    return [
+        Text(f"last {len(tail)} line(s) of {cause['stderr_log']}:", style="dim"),
+        Text("\n".join(f"  {line}" for line in tail)),
+    ]
+
+
+def _other_ranks(
+    summary: Mapping[str, Any], cause: Mapping[str, Any] | None, *, plain: bool
+) -> Table | None:
+    exits = summary.get("exits") or []
+    if cause is not None:  # the root cause's group only
+        exits = [e for e in exits if e["round"] == cause["round"] and e["rank"] != cause["rank"]]
+    elif exits:
+        last = max(e["round"] for e in exits)
+        exits = [e for e in exits if e["round"] == last]
+    if not exits:
+        return None
+    table = Table(
+        title="other ranks" if cause else "ranks",
+        title_justify="left",
+        box=None if plain else box.SIMPLE,
+        pad_edge=False,
+    )
+    for name in ("rank", "local", "pid", "how it ended"):
+        table.add_column(name, overflow="fold")
+    for e in sorted(exits, key=lambda e: e["rank"]):
+        how = e["exit"]
+        if e["terminated_by_launcher"]:
+            how = f"terminated by launcher ({e['signal'] or how})"
+        elif e["returncode"] == 0:
+            how = "exited 0"
+        table.add_row(str(e["rank"]), str(e["local_rank"]), str(e["pid"]), how)
+    return table
+
+
+def _took(summary: Mapping[str, Any]) -> str:
+    return f"{summary['duration_s']:.2f} s, {summary['attempts']} attempt(s)"
+
+
+# ------------------------------------------------------------------------------------- report
+def print_report(summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
+    """`elastic-hydra report RUN_DIR`: the saved summary and the events timeline."""
+    out = console()
+    out.print(timeline(events, plain=not out.is_terminal))
+    if summary.get("status") == "succeeded":
+        out.print(f"elastic-hydra: succeeded ({_took(summary)}); run dir {summary['run_dir']}")
+    else:
+        out.print(outcome_report(summary, plain=not out.is_terminal, width=out.width))
+
+
+def timeline(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
+    """One row per event: seconds since the first, what happened."""
+    table = Table(title="timeline", title_justify="left", box=None if plain else box.SIMPLE)
+    table.add_column("t (s)", justify="right")
+    table.add_column("event")
+    table.add_column("details", overflow="fold")
+    t0 = events[0]["monotonic"] if events else 0.0
+    for ev in events:
+        data = {k: v for k, v in ev.items() if k not in ("event", "time", "monotonic")}
+        details = ", ".join(f"{k}={v}" for k, v in data.items())
+        table.add_row(f"{ev['monotonic'] - t0:.3f}", str(ev["event"]), details)
+    return table

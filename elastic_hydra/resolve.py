@@ -200,11 +200,12 @@ def _entrypoint(conf: ElasticHydraConf, host: Host) -> Entrypoint:
     python = host.environ.get("PYTHON_EXEC") or sys.executable
     args = tuple(conf.args)
     if conf.script:
-        return PythonScript(path=_script_path(conf.script, host), python=python, args=args)
+        path = _script_path(conf.script, host)
+        return PythonScript(path=path, python=python, args=args, bootstrap=conf.bootstrap)
     if conf.module:
         if not _MODULE_NAME.match(conf.module):
             raise ConfigError("module", "not a module name", conf.module, "expected e.g. pkg.train")
-        return PythonModule(name=conf.module, python=python, args=args)
+        return PythonModule(name=conf.module, python=python, args=args, bootstrap=conf.bootstrap)
     assert conf.cmd is not None
     return _command(conf.cmd, args, host)
 

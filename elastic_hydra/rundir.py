@@ -11,7 +11,7 @@ class RunDir:
     """`<root>/` = Hydra's output dir of this launch.
 
     plan.json, config.yaml (resolved), events.jsonl, summary.json, .hydra/ (Hydra's saved config),
-    attempt_<n>/<local_rank>/{stdout.log, stderr.log, error.json}. `n` counts every start of the
+    attempt_<n>/<local_rank>/{stdout.log, stderr.log, error.json, fault.log}. `n` counts every start of the
     worker group (restarts and membership changes), so no attempt's logs are ever overwritten.
     """
 
@@ -44,3 +44,6 @@ class RunDir:
 
     def error_file(self, round_no: int, local_rank: int) -> Path:
         return self.rank_dir(round_no, local_rank) / "error.json"
+
+    def fault_file(self, round_no: int, local_rank: int) -> Path:
+        return self.rank_dir(round_no, local_rank) / "fault.log"

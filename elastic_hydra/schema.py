@@ -88,6 +88,9 @@ class ElasticHydraConf:
     script: str | None = None
     module: str | None = None
     cmd: str | None = None
+    # Run Python workers through elastic-hydra's bootstrap: tracebacks and crash stacks in the
+    # summary without @record. false runs `python -u SCRIPT` exactly as torchrun does.
+    bootstrap: bool = True
     # Arguments of the entrypoint; `elastic-hydra ... -- ARGS` fills this byte for byte.
     args: list[str] = field(default_factory=list)
     # "N" or "MIN:MAX" (quote it in YAML: unquoted 2:4 is the integer 124).

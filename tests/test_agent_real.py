@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import ELASTIC_HYDRA, WORKERS, wait_for
+from conftest import ELASTIC_HYDRA, REPO, WORKERS, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -363,7 +363,7 @@ def test_signal_to_agent_stops_everything(tmp_path: Path, sig: signal.Signals) -
     result = summary(run_dir)
     assert result["status"] == "stopped"
     assert result["exit_code"] == 128 + sig
-    assert result["signal"] == sig
+    assert result["signal"] == signal.Signals(sig).name
     events = read_events(run_dir)
     assert events[-1]["event"] == "finish"
     assert events[-1]["status"] == "stopped" and events[-1]["exit_code"] == 128 + sig
@@ -578,12 +578,19 @@ def test_concurrent_launches_get_distinct_run_dirs_ports_and_ids(tmp_path: Path)
 
 
 # ------------------------------------------------------------------------------------ 9 entrypoints
-def test_module_entrypoint_runs_with_user_cwd(tmp_path: Path) -> None:
+BOOTSTRAP = str(REPO / "elastic_hydra" / "bootstrap.py")
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_module_entrypoint_runs_with_user_cwd(tmp_path: Path, bootstrap: bool) -> None:
     package = tmp_path / "mypkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "dump.py").write_text(Path(DUMP_ENV).read_text())
-    proc = run_cli(tmp_path, "module=mypkg.dump", "nproc_per_node=2", "--", "out", "extra arg")
+    proc = run_cli(
+        tmp_path, "module=mypkg.dump", "nproc_per_node=2", f"bootstrap={bootstrap}",
+        "--", "out", "extra arg",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     for rank in (0, 1):
         dumped = json.loads((tmp_path / "out" / f"env_{rank}_0.json").read_text())
@@ -591,17 +598,22 @@ def test_module_entrypoint_runs_with_user_cwd(tmp_path: Path) -> None:
         assert dumped["argv"][0] == str(package / "dump.py")
         assert dumped["argv"][1:] == ["out", "extra arg"]
         assert dumped["unbuffered"] is True
-        assert dumped["orig_argv"][1:4] == ["-u", "-m", "mypkg.dump"]
+        # Without the bootstrap: exactly torchrun's `python -u -m module`.
+        boot = [BOOTSTRAP] if bootstrap else []
+        assert dumped["orig_argv"][1:] == ["-u", *boot, "-m", "mypkg.dump", "out", "extra arg"]
         assert dumped["env"]["RANK"] == str(rank) and dumped["env"]["WORLD_SIZE"] == "2"
 
 
-def test_script_entrypoint_runs_unbuffered_in_user_cwd(tmp_path: Path) -> None:
-    proc = run_cli(tmp_path, f"script={DUMP_ENV}", "--", "out")
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_script_entrypoint_runs_unbuffered_in_user_cwd(tmp_path: Path, bootstrap: bool) -> None:
+    proc = run_cli(tmp_path, f"script={DUMP_ENV}", f"bootstrap={bootstrap}", "--", "out")
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     dumped = json.loads((tmp_path / "out" / "env_0_0.json").read_text())
     assert dumped["cwd"] == str(tmp_path)
     assert dumped["unbuffered"] is True
-    assert dumped["orig_argv"][1:3] == ["-u", DUMP_ENV]
+    assert dumped["argv"] == [DUMP_ENV, "out"]
+    boot = [BOOTSTRAP] if bootstrap else []
+    assert dumped["orig_argv"][1:] == ["-u", *boot, DUMP_ENV, "out"]
     assert dumped["executable"] == sys.executable
 
 
@@ -640,7 +652,7 @@ def test_python_exec_override_is_used(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     for rank in (0, 1):
         used = (tmp_path / f"wrapper_used_{rank}").read_text()
-        assert used == f"-u {DUMP_ENV} out\n"
+        assert used == f"-u {BOOTSTRAP} {DUMP_ENV} out\n"
         assert (tmp_path / "out" / f"env_{rank}_0.json").exists()
 
 

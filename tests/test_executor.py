@@ -201,7 +201,9 @@ class FakeFactory:
             pid_base=1000 * (index + 1),
             stuck=self.stuck.get(index, frozenset()),
         )
-        files = WorkerFiles(run_dir="/r", plan_path="/r/p", config_path="/r/c", error_file="/r/e")
+        files = WorkerFiles(
+            run_dir="/r", plan_path="/r/p", config_path="/r/c", error_file="/r/e", fault_file="/r/f"
+        )
         env = worker_env(self.plan, {}, node, local_rank=0, attempt=restart_count, files=files)
         self.calls.append(Started(node, restart_count, round_no, env, group))
         return group
@@ -440,9 +442,11 @@ def test_restart_budget_runs_out_after_max_restarts(max_restarts: int) -> None:
     assert len(h.observer.of(EventKind.RESTART)) == max_restarts
     assert f"{max_restarts} of restart.max_restarts={max_restarts}" in outcome.reason
     assert h.observer.of(EventKind.FINISH)[-1]["reason"] == outcome.reason
-    # Root cause: the first real failure (attempt 0), never a worker the launcher stopped.
+    # Root cause: the real failure that ended the job (the last attempt's), never a worker the
+    # launcher stopped; the earlier attempts' failures stay in outcome.exits.
     assert outcome.root_cause is not None
-    assert (outcome.root_cause.rank, outcome.root_cause.attempt) == (1, 0)
+    assert (outcome.root_cause.rank, outcome.root_cause.attempt) == (1, max_restarts)
+    assert [e.attempt for e in outcome.exits if e.failed] == list(range(max_restarts + 1))
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,17 @@ from pathlib import Path
 from conftest import REPO
 
 PACKAGE = REPO / "elastic_hydra"
-REQUIRED_PURE = ["elastic_hydra.plan", "elastic_hydra.errors"]
-OPTIONAL_PURE = [
+PURE = [
+    "elastic_hydra.plan",
+    "elastic_hydra.errors",
     "elastic_hydra.policy",
     "elastic_hydra.outcome",
     "elastic_hydra.env",
     "elastic_hydra.events",
+    "elastic_hydra.tracebacks",
 ]
+# Pure means no I/O, no clock, no process state: none of these may be imported.
+IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
 MAY_IMPORT = {
     "hydra": {"cli.py", "resolve.py", "schema.py"},
@@ -31,20 +35,17 @@ MAY_IMPORT = {
 
 PROBE = """
 import importlib, importlib.util, json, sys
-required, optional, heavy = json.loads(sys.argv[1])
-present = [m for m in optional if importlib.util.find_spec(m) is not None]
-for name in [*required, *present]:
+pure, heavy = json.loads(sys.argv[1])
+for name in pure:
     importlib.import_module(name)
-leaked = sorted(
-    m for m in sys.modules if m.split(".")[0] in heavy
-)
-print(json.dumps({"imported": [*required, *present], "leaked": leaked}))
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in heavy)
+print(json.dumps({"imported": pure, "leaked": leaked}))
 """
 
 
 def test_pure_modules_import_no_heavy_dependency() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps([REQUIRED_PURE, OPTIONAL_PURE, HEAVY])],
+        [sys.executable, "-c", PROBE, json.dumps([PURE, HEAVY])],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -53,8 +54,31 @@ def test_pure_modules_import_no_heavy_dependency() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert set(REQUIRED_PURE) <= set(result["imported"])
+    assert set(PURE) <= set(result["imported"])
     assert result["leaked"] == [], f"pure modules pulled in {result['leaked']}"
+
+
+def test_pure_modules_do_no_io() -> None:
+    offenders = []
+    for module in PURE:
+        path = PACKAGE / (module.rsplit(".", 1)[1] + ".py")
+        tree = ast.parse(path.read_text(), filename=str(path))
+        if bad := imported_roots(path) & IMPURE_STDLIB:
+            offenders.append(f"{path.name} imports {sorted(bad)}")
+        calls = {
+            n.func.id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        }
+        if bad_calls := calls & {"open", "print", "input"}:
+            offenders.append(f"{path.name} calls {sorted(bad_calls)}")
+    assert offenders == []
+
+
+def test_bootstrap_uses_the_standard_library_only() -> None:
+    # It runs inside the user's interpreter, which need not have elastic-hydra installed.
+    roots = imported_roots(PACKAGE / "bootstrap.py")
+    assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
 
 
 def imported_roots(path: Path) -> set[str]:

@@ -1,0 +1,130 @@
+"""Runs a Python worker's script or module as `__main__` and records an uncaught exception.
+
+    python -u /path/to/bootstrap.py SCRIPT [ARGS ...]
+    python -u /path/to/bootstrap.py -m MODULE [ARGS ...]
+
+Run by path, not imported: it uses the standard library only, so it works with whichever Python
+interpreter the job names, and the user's script imports nothing from elastic-hydra. The script
+sees what `python SCRIPT` gives it: `__name__ == "__main__"`, `__file__`, `sys.argv`, its own
+directory first on `sys.path`, a `__main__` module that pickle and multiprocessing's spawn can find.
+
+On an uncaught exception it writes `TORCHELASTIC_ERROR_FILE` in torch's `@record` format (unless
+`@record` already wrote it), plus the exception chain as frames and a sub-second time under the
+key `elastic_hydra`, prints the traceback as Python would (without this file's or runpy's frames)
+and exits with code 1. faulthandler writes the Python stack of a crash (SIGSEGV, SIGABRT, SIGFPE,
+SIGBUS, SIGILL) to `ELASTIC_HYDRA_FAULT_FILE`.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from typing import Any
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+FAULT_FILE_ENV = "ELASTIC_HYDRA_FAULT_FILE"
+
+# Frames of the bootstrap itself: runpy's code objects name the real file (`<frozen runpy>` on
+# some versions), whatever the interpreter.
+_OWN_FILES = frozenset(
+    [__file__, runpy.run_path.__code__.co_filename, runpy.run_module.__code__.co_filename]
+)
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or (sys.argv[1:2] == ["-m"] and len(sys.argv) < 3):
+        sys.stderr.write("usage: bootstrap.py SCRIPT [ARGS ...] | -m MODULE [ARGS ...]\n")
+        sys.exit(2)
+    fault_path = os.environ.get(FAULT_FILE_ENV)
+    if fault_path:
+        faulthandler.enable(open(fault_path, "w"), all_threads=True)  # noqa: SIM115 - lives on
+    try:
+        if sys.argv[1] == "-m":
+            name = sys.argv[2]
+            sys.argv = [name, *sys.argv[3:]]  # runpy puts the module's file in argv[0]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        else:
+            script = sys.argv[1]
+            sys.argv = sys.argv[1:]
+            sys.path[0] = os.path.dirname(os.path.realpath(script))
+            runpy.run_path(script, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        _strip_own_frames(exc)
+        _record(exc, time.time())
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        sys.exit(1)
+
+
+def _strip_own_frames(exc: BaseException) -> None:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+
+
+def _record(exc: BaseException, when: float) -> None:
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path or os.path.exists(path):  # torch's @record wrote it first: keep the user's
+        return
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(when))},
+        },
+        "elastic_hydra": {"time": when, "stacks": _chain(exc)},
+    }
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError as err:
+        sys.stderr.write(f"elastic-hydra bootstrap: cannot write {path}: {err}\n")
+
+
+def _chain(exc: BaseException) -> list[dict[str, Any]]:
+    """The exception and its causes, oldest first (the order Python prints them)."""
+    stacks: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    link: str | None = None  # how the exception appended next led to the one before it
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        stacks.append(
+            {
+                "exc_type": _type_name(current),
+                "exc_value": str(current),
+                "link": link,
+                "frames": [
+                    {"filename": f.filename, "lineno": f.lineno, "name": f.name, "line": f.line}
+                    for f in traceback.extract_tb(current.__traceback__)
+                    if f.filename not in _OWN_FILES
+                ],
+            }
+        )
+        if current.__cause__ is not None:
+            current, link = current.__cause__, "cause"
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, link = current.__context__, "context"
+        else:
+            current = None
+    stacks.reverse()
+    return stacks
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    if cls.__module__ in ("builtins", "__main__"):
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""What a failed worker left behind: its error file, a crash dump, the tail of its stderr.
+
+Read once the worker has exited, never on the restart path's hot loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from elastic_hydra.outcome import FailureDetail, WorkerExit
+from elastic_hydra.rundir import RunDir
+from elastic_hydra.tracebacks import (
+    exception_line,
+    hide_launcher_frames,
+    parse_error_record,
+    parse_fault,
+    parse_python,
+)
+
+# Enough of a log's end to find a traceback or a crash dump in it, however long the log is.
+_TAIL_BYTES = 256 * 1024
+
+
+def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetail:
+    """Everything known about why `exit`'s worker ended, from the files of its attempt."""
+    error_file = run.error_file(exit.round, exit.local_rank)
+    stderr_log = run.stderr(exit.round, exit.local_rank)
+    tail_text = read_tail(stderr_log)
+    lines = tail_text.splitlines()
+    base = FailureDetail(
+        source="none",
+        stderr_tail=tuple(lines[-tail_lines:]) if tail_lines else (),
+        stdout_log=str(run.stdout(exit.round, exit.local_rank)),
+        stderr_log=str(stderr_log),
+    )
+    if (record := _read_json(error_file)) is not None:
+        message, stacks, reported = parse_error_record(record)
+        return replace(
+            base,
+            source="exception" if "elastic_hydra" in record else "error_file",
+            message=message,
+            stacks=stacks,
+            reported_time=reported,
+            error_file=str(error_file),
+        )
+    fault_dump = read_tail(run.fault_file(exit.round, exit.local_rank))
+    if (crash := parse_fault(fault_dump) or parse_fault(tail_text)) is not None:
+        stacks = hide_launcher_frames([crash])
+        return replace(
+            base, source="crash", message=f"Fatal Python error: {crash.exc_value}", stacks=stacks
+        )
+    if stacks := hide_launcher_frames(parse_python(tail_text)):
+        return replace(base, source="stderr", message=exception_line(stacks[-1]), stacks=stacks)
+    return base
+
+
+def read_tail(path: Path, limit: int = _TAIL_BYTES) -> str:
+    """The last `limit` bytes of a file as text ('' if it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError:
+        return ""
+    if len(data) == limit and b"\n" in data:
+        data = data[data.index(b"\n") + 1 :]  # drop the partial first line
+    return data.decode("utf-8", errors="replace")
+
+
+def _read_json(path: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
