@@ -323,7 +323,7 @@ def report(args: Sequence[str]) -> int:
             "no summary.json in this directory",
             args[0],
             "expected the run dir of a launch (it is printed at the end of each run)",
-        )
+        ) from None
     except ValueError as exc:
         raise ConfigError(
             "report",

@@ -139,9 +139,9 @@ def print_outcome(summary: Mapping[str, Any], *, quiet: bool = False) -> None:
     out = console(stderr=True)
     if summary.get("status") == "succeeded":
         if not quiet:
+            where = f"run dir {summary['run_dir']}"
             out.print(
-                f"[green]elastic-hydra: succeeded[/] ({_took(summary)}); run dir {summary['run_dir']}",
-                soft_wrap=True,
+                f"[green]elastic-hydra: succeeded[/] ({_took(summary)}); {where}", soft_wrap=True
             )
         return
     out.print(outcome_report(summary, plain=not out.is_terminal, width=out.width))
@@ -150,7 +150,8 @@ def print_outcome(summary: Mapping[str, Any], *, quiet: bool = False) -> None:
 def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100) -> RenderableType:
     """The failure report: root cause and its traceback, the other ranks, where the logs are."""
     title = f"elastic-hydra: {summary['status']}"
-    parts: list[RenderableType] = [Text(f"{summary['message']} ({_took(summary)})")]
+    headline = Text(f"{summary['message']} ({_took(summary)})")
+    parts: list[RenderableType] = []
     cause = summary.get("root_cause")
     if cause is not None:
         parts += _root_cause(cause, plain=plain, width=width)
@@ -163,10 +164,9 @@ def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100)
     if cause is not None:
         parts.append(Text(f"logs of rank {cause['rank']}: {cause['stderr_log']}"))
     if plain:
-        parts[0] = Text.assemble((f"{title}: ", "bold red"), parts[0])
-        return Group(*parts)
+        return Group(Text.assemble((f"{title}: ", "bold red"), headline), *parts)
     return Panel(
-        Group(*parts),
+        Group(headline, *parts),
         title=Text(title, style="bold red"),
         title_align="left",
         border_style="red",

@@ -11,8 +11,9 @@ class RunDir:
     """`<root>/` = Hydra's output dir of this launch.
 
     plan.json, config.yaml (resolved), events.jsonl, summary.json, .hydra/ (Hydra's saved config),
-    attempt_<n>/<local_rank>/{stdout.log, stderr.log, error.json, fault.log}. `n` counts every start of the
-    worker group (restarts and membership changes), so no attempt's logs are ever overwritten.
+    attempt_<n>/<local_rank>/{stdout.log, stderr.log, error.json, fault.log}. `n` counts every
+    start of the worker group (restarts and membership changes), so no attempt's logs are ever
+    overwritten. error.json is torch's TORCHELASTIC_ERROR_FILE; fault.log the crash dump.
     """
 
     root: Path

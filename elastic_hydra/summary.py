@@ -11,6 +11,7 @@ from typing import Any
 from elastic_hydra.outcome import (
     RunOutcome,
     Status,
+    WorkerExit,
     WorkerFailure,
     explain_returncode,
     first_failure,
@@ -46,11 +47,12 @@ def summarize(
         "stuck_pids": list(outcome.stuck_pids),
         "root_cause": failure_record(cause) if cause else None,
         "failures": [failure_record(f) for f in failures],
-        "exits": [
-            {**to_dict(e), "signal": _signal(e.returncode), "exit": explain_returncode(e.returncode)}
-            for e in outcome.exits
-        ],
+        "exits": [_exit_record(e) for e in outcome.exits],
     }
+
+
+def _exit_record(e: WorkerExit) -> dict[str, Any]:
+    return {**to_dict(e), "signal": _signal(e.returncode), "exit": explain_returncode(e.returncode)}
 
 
 def failure_record(failure: WorkerFailure) -> dict[str, Any]:
