@@ -6,6 +6,7 @@ Read once the worker has exited, never on the restart path's hot loop.
 from __future__ import annotations
 
 import json
+import linecache
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from elastic_hydra.outcome import FailureDetail, WorkerExit
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.tracebacks import (
+    Stack,
     exception_line,
     hide_launcher_frames,
     parse_error_record,
@@ -48,13 +50,22 @@ def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetai
         )
     fault_dump = read_tail(run.fault_file(exit.round, exit.local_rank))
     if (crash := parse_fault(fault_dump) or parse_fault(tail_text)) is not None:
-        stacks = hide_launcher_frames([crash])
+        stacks = hide_launcher_frames([_with_source_lines(crash)])
         return replace(
             base, source="crash", message=f"Fatal Python error: {crash.exc_value}", stacks=stacks
         )
     if stacks := hide_launcher_frames(parse_python(tail_text)):
         return replace(base, source="stderr", message=exception_line(stacks[-1]), stacks=stacks)
     return base
+
+
+def _with_source_lines(stack: Stack) -> Stack:
+    """faulthandler prints no source: add each frame's line, as a traceback shows it."""
+    frames = tuple(
+        replace(f, line=f.line or linecache.getline(f.filename, f.lineno).strip())
+        for f in stack.frames
+    )
+    return replace(stack, frames=frames)
 
 
 def read_tail(path: Path, limit: int = _TAIL_BYTES) -> str:

@@ -176,14 +176,19 @@ def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100)
 
 def _root_cause(cause: Mapping[str, Any], *, plain: bool, width: int) -> list[RenderableType]:
     when = datetime.fromtimestamp(cause["time"]).isoformat(sep=" ", timespec="milliseconds")
-    head = Text.assemble(
-        ("root cause: ", "bold"),
-        (f"rank {cause['rank']}", "bold yellow"),
-        f" (local rank {cause['local_rank']}) on {cause['host']}, pid {cause['pid']}, "
-        f"attempt {cause['attempt']}, ",
-        (cause["exit"], "bold red"),
-        f", at {when}",
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold", no_wrap=True)
+    head.add_column()
+    head.add_row(
+        "root cause",
+        Text.assemble(
+            (f"rank {cause['rank']}", "bold yellow"),
+            f" (local rank {cause['local_rank']}) on {cause['host']}, pid {cause['pid']}, "
+            f"restart count {cause['attempt']}",
+        ),
     )
+    head.add_row("exit", Text(cause["exit"], style="bold red"))
+    head.add_row("time", when)
     parts: list[RenderableType] = [head]
     stacks = tracebacks.from_json(cause.get("traceback") or [])
     if stacks and plain:

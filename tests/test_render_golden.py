@@ -1,0 +1,199 @@
+"""The failure report, rendered at a fixed width and compared with files in tests/golden/.
+
+Synthetic summaries (built through `summarize`) cover each kind of failure in both forms, rich
+(terminal) and plain (CI logs); one real run checks the whole pipeline. Pids, times and paths are
+normalized. ELASTIC_HYDRA_UPDATE_GOLDEN=1 rewrites the files after a deliberate change.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ELASTIC_HYDRA, REPO, WORKERS
+from rich.console import Console
+
+from elastic_hydra import render
+from elastic_hydra.outcome import FailureDetail, RunOutcome, Status, WorkerExit, WorkerFailure
+from elastic_hydra.plan import LaunchPlan, NodeRange, PythonScript, Standalone
+from elastic_hydra.summary import summarize
+from elastic_hydra.tracebacks import Frame, Stack
+
+GOLDEN = Path(__file__).parent / "golden"
+SOURCE = "train_fixture.py"  # relative to GOLDEN, the tests' cwd: no machine path in the output
+RUN_DIR = "/runs/2026-11-22/10-00-00-000000_node0"
+T0 = 1_795_300_000.0
+UPDATE = os.environ.get("ELASTIC_HYDRA_UPDATE_GOLDEN") == "1"
+
+
+def plan() -> LaunchPlan:
+    return LaunchPlan(
+        entrypoint=PythonScript(path=SOURCE, python="python"),
+        nnodes=NodeRange(min=1, max=1),
+        nproc_per_node=3,
+        rdzv=Standalone(),
+        run_id="golden",
+        run_dir=RUN_DIR,
+    )
+
+
+def exit_(rank: int, returncode: int, *, by_launcher: bool = False, at: float = 0.0) -> WorkerExit:
+    return WorkerExit(
+        local_rank=rank,
+        rank=rank,
+        pid=1000 + rank,
+        returncode=returncode,
+        wall_time=T0 + at,
+        mono_time=at,
+        attempt=0,
+        terminated_by_launcher=by_launcher,
+    )
+
+
+def detail(rank: int, **kw: Any) -> FailureDetail:
+    base = f"{RUN_DIR}/attempt_0/{rank}"
+    kw.setdefault("source", "none")
+    return FailureDetail(stdout_log=f"{base}/stdout.log", stderr_log=f"{base}/stderr.log", **kw)
+
+
+CHAIN = (
+    Stack(
+        exc_type="ZeroDivisionError",
+        exc_value="division by zero",
+        link="cause",
+        frames=(Frame(filename=SOURCE, lineno=10, name="main", line="step(0)"),
+                Frame(filename=SOURCE, lineno=5, name="step", line="return 1 / batch")),
+    ),
+    Stack(
+        exc_type="ValueError",
+        exc_value="bad batch",
+        frames=(Frame(filename=SOURCE, lineno=12, name="main",
+                      line='raise ValueError("bad batch") from exc'),),
+    ),
+)  # fmt: skip
+CRASH = Stack(
+    exc_type="Fatal Python error",
+    exc_value="Segmentation fault",
+    frames=(Frame(filename=SOURCE, lineno=16, name="<module>", line="main()"),
+            Frame(filename=SOURCE, lineno=5, name="step", line="return 1 / batch")),
+)  # fmt: skip
+COLLATERAL = [(0, -15), (2, -15)]
+
+
+def failed_summary(cause: WorkerFailure, reason: str) -> dict[str, Any]:
+    others = [exit_(r, rc, by_launcher=True, at=0.01) for r, rc in COLLATERAL]
+    exits = (cause.exit, *others)
+    outcome = RunOutcome(status=Status.FAILED, attempts=1, reason=reason, exits=exits)
+    failures = [
+        cause,
+        *(WorkerFailure(exit=e, detail=detail(e.rank), host="node0") for e in others),
+    ]
+    return summarize(plan(), outcome, failures, host="node0", started=T0 - 1, duration=1.25)
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "exception": failed_summary(
+        WorkerFailure(
+            exit=exit_(1, 1),
+            detail=detail(1, source="exception", message="ValueError: bad batch", stacks=CHAIN),
+            host="node0",
+        ),
+        "exit code 1 and restarts are off (restart.max_restarts=0)",
+    ),
+    "crash": failed_summary(
+        WorkerFailure(
+            exit=exit_(1, -signal.SIGSEGV),
+            detail=detail(
+                1,
+                source="crash",
+                message="Fatal Python error: Segmentation fault",
+                stacks=(CRASH,),
+                stderr_tail=("loading shard 3",),
+            ),
+            host="node0",
+        ),
+        "signal SIGSEGV (11) and restarts are off (restart.max_restarts=0)",
+    ),
+    "killed": failed_summary(
+        WorkerFailure(
+            exit=exit_(1, -signal.SIGKILL),
+            detail=detail(1, source="none", stderr_tail=("epoch 1", "allocating 80 GiB")),
+            host="node0",
+        ),
+        "signal SIGKILL (9) and restarts are off (restart.max_restarts=0)",
+    ),
+    "shell_exit": failed_summary(
+        WorkerFailure(exit=exit_(1, 137), detail=detail(1, source="none"), host="node0"),
+        "exit code 137 and restarts are off (restart.max_restarts=0)",
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def fixed_place_and_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.chdir(GOLDEN)
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def normalize(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+
+
+def rendered(summary: dict[str, Any], *, plain: bool) -> str:
+    out = io.StringIO()
+    console = Console(file=out, width=100, color_system=None, force_terminal=not plain)
+    console.print(render.outcome_report(summary, plain=plain, width=100))
+    return normalize(out.getvalue())
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / f"{name}.txt"
+    if UPDATE:
+        path.write_text(text)
+    assert path.exists(), f"missing {path}: run with ELASTIC_HYDRA_UPDATE_GOLDEN=1 once"
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("form", ["rich", "plain"])
+def test_report_matches_golden(case: str, form: str) -> None:
+    text = rendered(CASES[case], plain=form == "plain")
+    check_golden(f"{case}.{form}", text)
+    if form == "plain":
+        assert "\x1b[" not in text
+
+
+def test_the_summary_survives_json_unchanged_in_rendering() -> None:
+    # `elastic-hydra report` renders the saved JSON: it must read exactly as the live report.
+    summary = CASES["exception"]
+    assert rendered(json.loads(json.dumps(summary)), plain=True) == rendered(summary, plain=True)
+
+
+def test_real_run_report_matches_golden(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*ELASTIC_HYDRA, f"script={WORKERS / 'fail.py'}", "nproc_per_node=3", "logs=quiet",
+         f"logs.root={tmp_path}", "stop_grace=5", "--", "raise", "--rank", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    text = normalize(proc.stderr.replace(str(tmp_path), "<logs>").replace(str(REPO), "<repo>"))
+    text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}", "<time>", text)
+    text = re.sub(r"\(\d+\.\d\d s, ", "(<duration> s, ", text)
+    text = re.sub(r"pid \d+", "pid <pid>", text)
+    text = re.sub(r"^(\d +\d +)\d+ ", r"\1<pid> ", text, flags=re.M)
+    text = re.sub(r"<logs>/\d{4}-\d\d-\d\d/[^/\s]+", "<run_dir>", text)
+    text = text.replace(f" on {os.uname().nodename},", " on <host>,")
+    check_golden("real_raise.plain", text)

@@ -1,0 +1,92 @@
+"""summary.json for every ending, and `elastic-hydra report RUN_DIR` re-rendering it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from conftest import ELASTIC_HYDRA, WORKERS
+
+FAIL = str(WORKERS / "fail.py")
+EXIT_CODE = str(WORKERS / "exit_code.py")
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_HYDRA")}
+    env["COLUMNS"] = "200"
+    return subprocess.run(
+        [*ELASTIC_HYDRA, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def only_run_dir(root: Path) -> Path:
+    (summary,) = root.rglob("summary.json")
+    return summary.parent
+
+
+def load(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_restarts_exhausted_keep_every_failure_and_report_shows_the_timeline(
+    tmp_path: Path,
+) -> None:
+    proc = cli(
+        tmp_path, f"script={EXIT_CODE}", "nproc_per_node=2", "restart.max_restarts=2",
+        "logs=quiet", "stop_grace=5", "--", "--code", "3", "--rank", "1",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    run_dir = only_run_dir(tmp_path / "eh_logs")
+    summary = load(run_dir)
+    assert summary["status"] == "failed" and summary["attempts"] == 3
+    real = [f for f in summary["failures"] if not f["terminated_by_launcher"]]
+    assert [(f["rank"], f["attempt"], f["returncode"]) for f in real] == [
+        (1, 0, 3),
+        (1, 1, 3),
+        (1, 2, 3),
+    ]
+    collateral = [f for f in summary["failures"] if f["terminated_by_launcher"]]
+    assert {(f["rank"], f["signal"]) for f in collateral} == {(0, "SIGTERM")}
+    assert len(collateral) == 3
+    # The root cause is the failure that ended the job: the last attempt's.
+    assert (summary["root_cause"]["rank"], summary["root_cause"]["attempt"]) == (1, 2)
+    assert summary["root_cause"]["exit"] == "exit code 3"
+
+    report = cli(tmp_path, "report", str(run_dir))
+    assert report.returncode == 0, report.stderr
+    out = report.stdout
+    assert out.count("restart ") >= 2 and "workers_started" in out and "finish" in out
+    assert "root cause  rank 1 (local rank 1)" in out and "restart count 2" in out
+    assert "terminated by launcher (SIGTERM)" in out
+    assert "\x1b[" not in out  # not a terminal: plain text
+
+
+def test_success_summary_and_report(tmp_path: Path) -> None:
+    proc = cli(tmp_path, f"script={FAIL}", "nproc_per_node=2", "logs=quiet", "--", "ok")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path / "eh_logs")
+    summary = load(run_dir)
+    assert summary["status"] == "succeeded" and summary["exit_code"] == 0
+    assert summary["root_cause"] is None and summary["failures"] == []
+    assert sorted(e["rank"] for e in summary["exits"]) == [0, 1]
+    report = cli(tmp_path, "report", str(run_dir))
+    assert report.returncode == 0
+    assert "elastic-hydra: succeeded" in report.stdout and "workers_started" in report.stdout
+
+
+def test_report_of_a_directory_without_a_summary_is_one_line(tmp_path: Path) -> None:
+    for args in (["report", str(tmp_path)], ["report"], ["report", "a", "b"]):
+        proc = cli(tmp_path, *args)
+        assert proc.returncode == 2, args
+        assert "Traceback" not in proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("elastic-hydra: error: report:"), line

@@ -1,0 +1,204 @@
+"""Tracebacks as data: Python's text, faulthandler dumps and error files parsed back into frames."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from elastic_hydra.plan import to_dict
+from elastic_hydra.tracebacks import (
+    Frame,
+    Stack,
+    format_stacks,
+    from_json,
+    hide_launcher_frames,
+    parse_error_record,
+    parse_fault,
+    parse_python,
+)
+
+CHAINED = """\
+some output before
+Traceback (most recent call last):
+  File "/job/train.py", line 7, in step
+    1 / 0
+    ~~^~~
+ZeroDivisionError: division by zero
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/job/train.py", line 12, in <module>
+    main()
+  File "/job/train.py", line 9, in main
+    raise ValueError("bad step") from exc
+ValueError: bad step
+"""
+
+
+def test_parse_python_reads_a_chain_oldest_first() -> None:
+    stacks = parse_python(CHAINED)
+    assert [(s.exc_type, s.exc_value, s.link) for s in stacks] == [
+        ("ZeroDivisionError", "division by zero", "cause"),
+        ("ValueError", "bad step", None),
+    ]
+    assert stacks[0].frames == (
+        Frame(filename="/job/train.py", lineno=7, name="step", line="1 / 0"),
+    )
+    assert [f.name for f in stacks[1].frames] == ["<module>", "main"]
+    assert stacks[1].frames[1].line == 'raise ValueError("bad step") from exc'
+
+
+def test_parse_python_takes_the_last_traceback_and_context_links() -> None:
+    text = textwrap.dedent(
+        """\
+        Traceback (most recent call last):
+          File "old.py", line 1, in <module>
+        KeyError: 'logged earlier'
+        more output
+        Traceback (most recent call last):
+          File "a.py", line 2, in f
+        OSError: disk
+
+        During handling of the above exception, another exception occurred:
+
+        Traceback (most recent call last):
+          File "a.py", line 4, in f
+        RuntimeError
+        """
+    )
+    stacks = parse_python(text)
+    assert [(s.exc_type, s.exc_value, s.link) for s in stacks] == [
+        ("OSError", "disk", "context"),
+        ("RuntimeError", "", None),
+    ]
+
+
+def test_parse_python_keeps_a_multiline_message_and_finds_nothing_in_plain_text() -> None:
+    text = 'Traceback (most recent call last):\n  File "a.py", line 1, in <module>\nE: one\ntwo\n'
+    (stack,) = parse_python(text)
+    assert (stack.exc_type, stack.exc_value) == ("E", "one\ntwo")
+    assert parse_python("no traceback here\n") == ()
+
+
+def test_format_stacks_round_trips_through_the_parser() -> None:
+    stacks = parse_python(CHAINED)
+    assert parse_python(format_stacks(stacks)) == stacks
+
+
+def test_real_python_traceback_is_parsed() -> None:
+    code = (
+        "def f():\n    raise KeyError('k')\n"
+        "try:\n    f()\nexcept KeyError as e:\n    raise RuntimeError('x') from e\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+    stacks = parse_python(proc.stderr)
+    assert [(s.exc_type, s.link) for s in stacks] == [("KeyError", "cause"), ("RuntimeError", None)]
+    assert [f.name for f in stacks[0].frames] == ["<module>", "f"]
+
+
+FAULT = """\
+Fatal Python error: Segmentation fault
+
+Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at
+  File "/job/crash.py", line 5 in crash
+  File "/job/crash.py", line 9 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+  File "/site/elastic_hydra/bootstrap.py", line 57 in main
+
+Extension modules: numpy.core._multiarray_umath (total: 1)
+"""
+
+
+def test_parse_fault_reads_the_crashing_thread_innermost_last() -> None:
+    stack = parse_fault(FAULT)
+    assert stack is not None
+    assert (stack.exc_type, stack.exc_value) == ("Fatal Python error", "Segmentation fault")
+    (visible,) = hide_launcher_frames([stack])
+    assert [(f.filename, f.name) for f in visible.frames] == [
+        ("/job/crash.py", "<module>"),
+        ("/job/crash.py", "crash"),
+        ("/usr/lib/python3.11/ctypes/__init__.py", "string_at"),
+    ]
+    assert parse_fault("Traceback (most recent call last):\n") is None
+
+
+def test_real_faulthandler_dump_is_parsed(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import faulthandler, ctypes\nfaulthandler.enable()\n\n"
+        "def go():\n    ctypes.string_at(0)\n\ngo()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert proc.returncode == -11
+    stack = parse_fault(proc.stderr)
+    assert stack is not None and stack.exc_value == "Segmentation fault"
+    assert [f.name for f in stack.frames if f.filename == str(script)] == ["<module>", "go"]
+
+
+TORCH_WRAPPER = "/venv/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py"
+TORCH_CALLSTACK = f"""Traceback (most recent call last):
+  File "{TORCH_WRAPPER}", line 367, in wrapper
+    return f(*args, **kwargs)
+           ^^^^^^^^^^^^^^^^^^
+  File "/job/fail_record.py", line 10, in main
+    raise ValueError(f"boom from rank {{rank}}")
+ValueError: boom from rank 1
+"""
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {
+            "message": {
+                "message": "ValueError: boom from rank 1",
+                "extraInfo": {"py_callstack": TORCH_CALLSTACK, "timestamp": "1795307044"},
+            }
+        },
+        {
+            "message": {
+                "message": "ValueError: boom from rank 1",
+                "extraInfo": {"py_callstack": TORCH_CALLSTACK, "timestamp": "1795307044"},
+                "errorCode": 1,
+            }
+        },
+    ],
+    ids=["record", "record-with-error-code"],
+)
+def test_torch_record_files_are_read_without_torchs_wrapper_frame(
+    record: dict[str, object],
+) -> None:
+    message, stacks, when = parse_error_record(json.loads(json.dumps(record)))
+    assert message == "ValueError: boom from rank 1"
+    assert [(f.filename, f.name) for f in stacks[-1].frames] == [("/job/fail_record.py", "main")]
+    assert when is None  # whole seconds: too coarse to order failures by
+
+
+def test_torchs_new_format_and_our_own_record() -> None:
+    message, stacks, when = parse_error_record({"message": "RuntimeError: plain", "timestamp": 1})
+    assert (message, stacks, when) == ("RuntimeError: plain", (), None)
+    ours = Stack(
+        exc_type="KeyError", exc_value="'k'", frames=(Frame(filename="/j.py", lineno=3, name="f"),)
+    )
+    record = {
+        "message": {"message": "KeyError: 'k'"},
+        "elastic_hydra": {"time": 12.5, "stacks": to_dict((ours,))},
+    }
+    message, stacks, when = parse_error_record(json.loads(json.dumps(record)))
+    assert (message, stacks, when) == ("KeyError: 'k'", (ours,), 12.5)
+    assert from_json(to_dict((ours,))) == (ours,)
