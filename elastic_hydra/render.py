@@ -265,10 +265,38 @@ def print_report(summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
     """`elastic-hydra report RUN_DIR`: the saved summary and the events timeline."""
     out = console()
     out.print(timeline(events, plain=not out.is_terminal))
+    out.print(attempts_table(events, plain=not out.is_terminal))
     if summary.get("status") == "succeeded":
         out.print(f"elastic-hydra: succeeded ({_took(summary)}); run dir {summary['run_dir']}")
     else:
         out.print(outcome_report(summary, plain=not out.is_terminal, width=out.width))
+
+
+def attempts_table(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
+    """One row per start of the worker group: when, for how long, and how it ended."""
+    table = Table(title="attempts", title_justify="left", box=None if plain else box.SIMPLE)
+    for name in ("round", "started (s)", "ran (s)", "ended"):
+        table.add_column(name, overflow="fold")
+    t0 = events[0]["monotonic"] if events else 0.0
+    start: Mapping[str, Any] | None = None
+    ended = ""
+    for ev in events:
+        kind = ev["event"]
+        if kind == "workers_started":
+            start, ended = ev, ""
+        elif start is not None and kind == "worker_exited" and not ended:
+            if ev["returncode"] != 0 and not ev["terminated_by_launcher"]:
+                ended = f"rank {ev['rank']} {ev['exit']}"
+        elif start is not None and kind in ("restart", "finish", "signal"):
+            reason = ev.get("reason") or ev.get("signal") or ""
+            table.add_row(
+                str(start["round"]),
+                f"{start['monotonic'] - t0:.3f}",
+                f"{ev['monotonic'] - start['monotonic']:.3f}",
+                ended or str(reason),
+            )
+            start = None
+    return table
 
 
 def timeline(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:

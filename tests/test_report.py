@@ -68,6 +68,10 @@ def test_restarts_exhausted_keep_every_failure_and_report_shows_the_timeline(
     assert "root cause  rank 1 (local rank 1)" in out and "restart count 2" in out
     assert "terminated by launcher (SIGTERM)" in out
     assert "\x1b[" not in out  # not a terminal: plain text
+    lines = [ln.strip() for ln in out.splitlines()]
+    section = lines[lines.index("attempts") + 2 : lines.index("attempts") + 5]
+    assert [ln.split()[0] for ln in section] == ["0", "1", "2"]
+    assert all(ln.endswith("rank 1 exit code 3") for ln in section), section
 
 
 def test_success_summary_and_report(tmp_path: Path) -> None:
