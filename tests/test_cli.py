@@ -273,3 +273,20 @@ def test_hello_worker_runs_alone(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "hello from rank 3/4 (local 1) on " in proc.stdout
     assert "['--greeting', 'hi there']" in proc.stdout
+
+
+def test_a_launcher_bug_prints_its_traceback_and_asks_for_a_report(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from elastic_hydra import agent
+
+    def broken(plan: object) -> tuple[int, dict[str, object]]:
+        raise RuntimeError("bug in the agent")
+
+    monkeypatch.setattr(agent, "run", broken)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["script=train.py", f"logs.root={workdir}/logs"])
+    assert exit_info.value.code == 70
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "RuntimeError: bug in the agent" in err
+    assert err.rstrip().endswith("please report it with the traceback above.")
