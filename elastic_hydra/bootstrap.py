@@ -18,13 +18,10 @@ SIGBUS, SIGILL) to `ELASTIC_HYDRA_FAULT_FILE`.
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import runpy
 import sys
 import time
-import traceback
-from typing import Any
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 FAULT_FILE_ENV = "ELASTIC_HYDRA_FAULT_FILE"
@@ -71,6 +68,10 @@ def _strip_own_frames(exc: BaseException) -> None:
 
 
 def _record(exc: BaseException, when: float) -> None:
+    # Imported only on failure: each import here would delay every worker's start.
+    import json
+    import traceback
+
     path = os.environ.get(ERROR_FILE_ENV)
     if not path or os.path.exists(path):  # torch's @record wrote it first: keep the user's
         return
@@ -89,9 +90,11 @@ def _record(exc: BaseException, when: float) -> None:
         sys.stderr.write(f"elastic-hydra bootstrap: cannot write {path}: {err}\n")
 
 
-def _chain(exc: BaseException) -> list[dict[str, Any]]:
+def _chain(exc: BaseException) -> list[dict[str, object]]:
     """The exception and its causes, oldest first (the order Python prints them)."""
-    stacks: list[dict[str, Any]] = []
+    import traceback
+
+    stacks: list[dict[str, object]] = []
     seen: set[int] = set()
     link: str | None = None  # how the exception appended next led to the one before it
     current: BaseException | None = exc
