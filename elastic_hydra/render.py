@@ -144,7 +144,19 @@ def print_outcome(summary: Mapping[str, Any], *, quiet: bool = False) -> None:
                 f"[green]elastic-hydra: succeeded[/] ({_took(summary)}); {where}", soft_wrap=True
             )
         return
-    out.print(outcome_report(summary, plain=not out.is_terminal, width=out.width))
+    _print(out, outcome_report(summary, plain=not out.is_terminal, width=out.width))
+
+
+def _print(out: Console, *renderables: RenderableType) -> None:
+    """Print; off a terminal without the padding rich adds to the ends of lines (CI logs, diffs)."""
+    if out.is_terminal:
+        out.print(*renderables)
+        return
+    with out.capture() as captured:
+        out.print(*renderables)
+    text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+    out.file.write(text + "\n")
+    out.file.flush()
 
 
 def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100) -> RenderableType:
@@ -197,7 +209,8 @@ def _root_cause(cause: Mapping[str, Any], *, plain: bool, width: int) -> list[Re
         parts.append(_rich_traceback(stacks, width))
     elif cause.get("message"):
         parts.append(Text(cause["message"], style="red"))
-    if not stacks or cause.get("source") in ("crash", "none"):
+    # A crash's stack comes from its dump: show stderr beside it only when there is some.
+    if not stacks or (cause.get("source") == "crash" and cause.get("stderr_tail")):
         parts += _stderr_tail(cause)
     return parts
 
@@ -264,12 +277,13 @@ def _took(summary: Mapping[str, Any]) -> str:
 def print_report(summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
     """`elastic-hydra report RUN_DIR`: the saved summary and the events timeline."""
     out = console()
-    out.print(timeline(events, plain=not out.is_terminal))
-    out.print(attempts_table(events, plain=not out.is_terminal))
-    if summary.get("status") == "succeeded":
-        out.print(f"elastic-hydra: succeeded ({_took(summary)}); run dir {summary['run_dir']}")
-    else:
-        out.print(outcome_report(summary, plain=not out.is_terminal, width=out.width))
+    plain = not out.is_terminal
+    ending: RenderableType = Text(
+        f"elastic-hydra: succeeded ({_took(summary)}); run dir {summary['run_dir']}"
+    )
+    if summary.get("status") != "succeeded":
+        ending = outcome_report(summary, plain=plain, width=out.width)
+    _print(out, timeline(events, plain=plain), attempts_table(events, plain=plain), ending)
 
 
 def attempts_table(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
