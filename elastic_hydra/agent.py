@@ -154,6 +154,7 @@ class LocalWorkerFactory:
             stderr=self.run.stderr(round_no, local_rank),
             tee=self.sink is not None and (ranks is None or local_rank in ranks),
             prefix=self._prefix(rank, local_rank),
+            cpus=self.plan.devices[local_rank].cpus if self.plan.devices else None,
         )
 
     def _prefix(self, rank: int, local_rank: int) -> bytes:

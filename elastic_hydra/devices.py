@@ -1,11 +1,22 @@
-"""What this machine offers workers: GPU and CPU counts, read without importing torch."""
+"""What this machine offers workers: GPUs and CPUs, read from the driver and sysfs, never torch.
+
+GPUs come from NVML when `nvidia-ml-py` is installed, else from `nvidia-smi`, else there are none.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from elastic_hydra.gpus import Gpu, parse_cpus, parse_visible
+
+SYSFS = Path("/sys")
+_SMI_FIELDS = "index,uuid,name,memory.total,pci.bus_id"
 
 
 def cpu_count() -> int:
@@ -13,27 +24,108 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def allowed_cpus() -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def node_cpus(node: int) -> tuple[int, ...]:
+    """The CPUs of NUMA node `node` (none if sysfs does not say)."""
+    try:
+        return parse_cpus((SYSFS / f"devices/system/node/node{node}/cpulist").read_text())
+    except (OSError, ValueError):
+        return ()
+
+
+def visible_gpus(environ: Mapping[str, str]) -> tuple[Gpu, ...]:
+    """The GPUs workers may use: every GPU of the machine, limited by CUDA_VISIBLE_DEVICES."""
+    return parse_visible(environ.get("CUDA_VISIBLE_DEVICES"), all_gpus(environ))
+
+
+def all_gpus(environ: Mapping[str, str]) -> tuple[Gpu, ...]:
+    gpus = _from_nvml()
+    if gpus is None:
+        gpus = _from_nvidia_smi(environ)
+    return gpus
+
+
 def gpu_count(environ: Mapping[str, str]) -> int:
-    """NVIDIA GPUs usable by workers: the driver's count, limited by CUDA_VISIBLE_DEVICES."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    return len(visible_gpus(environ))
+
+
+def _from_nvml() -> tuple[Gpu, ...] | None:
+    try:
+        import pynvml  # type: ignore[import-not-found]  # nvidia-ml-py, optional
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver: NVML raises its own error classes
+        return None
+    try:
+        return tuple(_nvml_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount()))
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _nvml_gpu(nvml: Any, index: int) -> Gpu:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+    numa: int | None = None
+    with contextlib.suppress(Exception):  # older drivers lack it: sysfs knows too
+        numa = int(nvml.nvmlDeviceGetNumaNodeId(handle))
+    return Gpu(
+        index=index,
+        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+        name=_text(nvml.nvmlDeviceGetName(handle)),
+        memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20),
+        pci_bus_id=bus_id,
+        numa_node=numa if numa is not None and numa >= 0 else _numa_of(bus_id),
+    )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _from_nvidia_smi(environ: Mapping[str, str]) -> tuple[Gpu, ...]:
     smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
     if smi is None:
-        return 0
+        return ()
+    cmd = [smi, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"]
     try:
-        out = subprocess.run(
-            [smi, "-L"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
-        return 0
-    total = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    if visible is None:
-        return total
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
-    usable = 0
-    for entry in entries:
-        # CUDA stops at the first invalid entry (e.g. -1 hides every device).
-        if (entry.isdigit() and int(entry) < total) or entry.startswith(("GPU-", "MIG-")):
-            usable += 1
-        else:
-            break
-    return usable
+        return ()
+    if proc.returncode != 0:
+        return ()
+    return tuple(gpu for line in proc.stdout.splitlines() if (gpu := _smi_gpu(line)))
+
+
+def _smi_gpu(line: str) -> Gpu | None:
+    fields = [f.strip() for f in line.split(",")]
+    if len(fields) != 5 or not fields[0].isdigit():
+        return None
+    index, uuid, name, memory, bus_id = fields
+    return Gpu(
+        index=int(index),
+        uuid=uuid,
+        name=name,
+        memory_mib=int(memory) if memory.isdigit() else None,
+        pci_bus_id=bus_id,
+        numa_node=_numa_of(bus_id),
+    )
+
+
+def _numa_of(bus_id: str) -> int | None:
+    """NUMA node of a PCI device: NVIDIA's `00000000:3B:00.0` is sysfs's `0000:3b:00.0`."""
+    if not bus_id:
+        return None
+    name = bus_id.lower()[-12:] if len(bus_id) > 12 else bus_id.lower()
+    try:
+        node = int((SYSFS / "bus/pci/devices" / name / "numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None

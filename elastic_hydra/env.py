@@ -54,10 +54,18 @@ def worker_env(
 ) -> dict[str, str]:
     """The complete environment of one worker (base = the agent's environment at start)."""
     env = {k: v for k, v in base.items() if k not in _AGENT_ONLY}
-    if "OMP_NUM_THREADS" not in env and plan.nproc_per_node > 1:
-        env["OMP_NUM_THREADS"] = "1"  # torchrun's rule: avoid oversubscribing the CPUs
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     env.update(plan.env)
+    devices = plan.devices[local_rank] if plan.devices else None
+    if "OMP_NUM_THREADS" not in env:
+        # As many threads as the worker's CPUs when it is bound; else torchrun's rule (one
+        # thread each when several workers share the machine).
+        if devices is not None and devices.cpus:
+            env["OMP_NUM_THREADS"] = str(len(devices.cpus))
+        elif plan.nproc_per_node > 1:
+            env["OMP_NUM_THREADS"] = "1"
+    if devices is not None and devices.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices.cuda_visible_devices
     env.update(
         {
             "LOCAL_RANK": str(local_rank),

@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_hydra.gpus import WorkerDevices
+
 
 # --------------------------------------------------------------------------------------- entrypoint
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +182,7 @@ class LaunchPlan:
     stop_grace: float = 30.0
     monitor_interval: float = 0.1
     env: tuple[tuple[str, str], ...] = ()
+    devices: tuple[WorkerDevices, ...] = ()  # by local rank; () leaves devices alone
     run_dir: str = ""
 
     @property

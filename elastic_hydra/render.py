@@ -23,6 +23,7 @@ from rich.traceback import Stack as RichStack
 from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
+from elastic_hydra.gpus import format_cpus
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
 
 if TYPE_CHECKING:
@@ -63,8 +64,24 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
     elif logs.tee:
         console_text += f"all ranks, prefix {logs.prefix!r}"
     table.add_row("console", console_text)
+    table.add_row("devices", describe_devices(plan))
     table.add_row("run dir", plan.run_dir or run_dir_hint)
     return table
+
+
+def describe_devices(plan: LaunchPlan) -> str:
+    """One line per local rank: its GPU, what else it sees, its CPUs."""
+    if not plan.devices:
+        return "as the environment has them (no GPU selection, no CPU binding)"
+    lines = []
+    for local_rank, d in enumerate(plan.devices):
+        parts = [str(d.own) if d.own else "no GPU"]
+        if len(d.gpus) > 1:
+            parts.append("sees GPUs " + ",".join(str(g.index) for g in d.gpus))
+        if d.cpus:
+            parts.append(f"CPUs {format_cpus(d.cpus)}")
+        lines.append(f"local rank {local_rank}: " + "; ".join(parts))
+    return "\n".join(lines)
 
 
 def describe_rdzv(plan: LaunchPlan) -> str:

@@ -7,6 +7,7 @@ and OmegaConf's own composition errors into the same one-line form.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import shlex
@@ -43,6 +44,7 @@ from elastic_hydra.plan import (
     Standalone,
     Static,
 )
+from elastic_hydra.resolve_gpus import Machine, resolve_devices, resolve_nproc
 from elastic_hydra.schema import ElasticHydraConf, LogsConf, RestartConf
 
 BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd")
@@ -59,8 +61,7 @@ class Host:
 
     cwd: str
     environ: Mapping[str, str]
-    gpu_count: Callable[[], int]
-    cpu_count: Callable[[], int]
+    machine: Machine
 
     @classmethod
     def current(cls) -> Host:
@@ -68,8 +69,11 @@ class Host:
         return cls(
             cwd=os.getcwd(),
             environ=environ,
-            gpu_count=lambda: devices.gpu_count(environ),
-            cpu_count=devices.cpu_count,
+            machine=Machine(
+                gpus=functools.cache(lambda: devices.visible_gpus(environ)),
+                cpus=devices.allowed_cpus,
+                node_cpus=devices.node_cpus,
+            ),
         )
 
 
@@ -129,8 +133,17 @@ def check_job_file(path: str) -> None:
 def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
     """Resolve a typed job config (see `resolve_config`)."""
     nnodes = parse_nnodes(conf.nnodes)
-    nproc = _nproc(conf.nproc_per_node, host)
+    nproc, from_gpus = resolve_nproc(conf.nproc_per_node, host.machine)
     rdzv = _rendezvous(conf, nnodes)
+    workers = resolve_devices(
+        nproc=nproc,
+        from_gpus=from_gpus,
+        gpus=conf.gpus,
+        policy=conf.devices,
+        sharing=conf.gpu_sharing,
+        cpu_bind=conf.cpu_bind,
+        machine=host.machine,
+    )
     return LaunchPlan(
         entrypoint=_entrypoint(conf, host),
         nnodes=nnodes,
@@ -144,6 +157,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         stop_grace=_seconds("stop_grace", conf.stop_grace, allow_zero=True),
         monitor_interval=_seconds("monitor_interval", conf.monitor_interval),
         env=_env(conf.env),
+        devices=workers,
         run_dir=run_dir,
     )
 
@@ -162,29 +176,6 @@ def parse_nnodes(value: object) -> NodeRange:
     if lo > hi:
         raise ConfigError("nnodes", "MIN is larger than MAX", value, _NNODES_FORM)
     return NodeRange(min=lo, max=hi)
-
-
-def _nproc(value: object, host: Host) -> int:
-    form = "expected a positive integer, gpu, cpu or auto"
-    if isinstance(value, str) and value.strip().lower() in ("gpu", "cpu", "auto"):
-        kind = value.strip().lower()
-        gpus = host.gpu_count() if kind != "cpu" else 0
-        if kind == "gpu" and gpus == 0:
-            raise ConfigError(
-                "nproc_per_node",
-                "no usable NVIDIA GPU on this machine",
-                value,
-                "expected a number of workers, or gpu where GPUs are visible",
-                "Use nproc_per_node=cpu or a number for CPU workers; check CUDA_VISIBLE_DEVICES.",
-            )
-        return gpus if gpus > 0 else host.cpu_count()
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError("nproc_per_node", "not a worker count", value, form)
-    if value < 1:
-        raise ConfigError("nproc_per_node", "needs at least 1 worker", value, form)
-    return value
 
 
 # ------------------------------------------------------------------------------------- entrypoint

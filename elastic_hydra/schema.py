@@ -95,8 +95,18 @@ class ElasticHydraConf:
     args: list[str] = field(default_factory=list)
     # "N" or "MIN:MAX" (quote it in YAML: unquoted 2:4 is the integer 124).
     nnodes: Any = 1
-    # Workers per node: an integer, gpu, cpu or auto.
+    # Workers per node: an integer, gpu, cpu or auto (the GPUs if any, else one per CPU).
     nproc_per_node: Any = 1
+    # GPUs to use: null (all usable ones), or nvidia-smi indices / UUIDs, e.g. [0, 2, 5].
+    gpus: list[Any] | None = None
+    # visible: every worker sees all selected GPUs, LOCAL_RANK picks one (torchrun's way);
+    # isolate: each worker sees only its own GPU (CUDA_VISIBLE_DEVICES), as cuda:0.
+    devices: str = "visible"
+    # Allow more workers than selected GPUs (worker i gets GPU i % count).
+    gpu_sharing: bool = False
+    # Pin each worker to a disjoint set of CPUs: its GPU's NUMA node, else an even split; sets
+    # OMP_NUM_THREADS to the share's size unless you set it.
+    cpu_bind: bool = False
     # This node's rank (static rendezvous).
     node_rank: int = 0
     # Static rendezvous: where node 0 hosts the store (one node: 127.0.0.1 and 29500, as torchrun;

@@ -38,6 +38,7 @@ class WorkerSpec:
     stderr: Path
     tee: bool  # copy output to the console (else the worker writes straight into the files)
     prefix: bytes = b""
+    cpus: tuple[int, ...] | None = None  # CPU affinity; None: the agent's
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +90,9 @@ class _Worker:
             preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
         )
         self.pid = self.proc.pid
+        if spec.cpus:
+            # Set before the interpreter (still starting) creates any thread; threads inherit it.
+            os.sched_setaffinity(self.pid, spec.cpus)
         self.pidfd = os.pidfd_open(self.pid)
         self.pipes: dict[int, tuple[int, LinePrefixer, IO[bytes]]] = {}
         if tee:

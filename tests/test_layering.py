@@ -23,6 +23,7 @@ PURE = [
     "elastic_hydra.env",
     "elastic_hydra.events",
     "elastic_hydra.tracebacks",
+    "elastic_hydra.gpus",
 ]
 # Pure means no I/O, no clock, no process state: none of these may be imported.
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}

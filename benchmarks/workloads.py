@@ -1,0 +1,119 @@
+"""The worker script and the two launcher command lines the benchmarks compare.
+
+One plain-Python worker (no torch import: the point is the launcher's overhead) is driven by
+environment variables; every mode that measures time writes *stamps* (small files named after the
+event, holding `time.time()` and the pid) atomically into `BENCH_STAMPS`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Literal
+
+Launcher = Literal["elastic-hydra", "torchrun"]
+LAUNCHERS: tuple[Launcher, Launcher] = ("elastic-hydra", "torchrun")
+
+# Generous bounds: a worker never outlives them even if the harness were killed itself.
+WORKER_SLEEP_CAP_S = 60
+
+WORKER = f"""\
+import os, sys, time
+t0 = time.time()
+mode = os.environ["BENCH_MODE"]
+if mode == "exit":
+    sys.exit(0)
+if mode == "print":
+    for i in range(int(os.environ["BENCH_LINES"])):
+        print(f"line {{i}}")
+    sys.exit(0)
+d = os.environ["BENCH_STAMPS"]
+attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+rank = os.environ["RANK"]
+world = int(os.environ["WORLD_SIZE"])
+
+
+def stamp(name, t):
+    tmp = os.path.join(d, "." + name)
+    with open(tmp, "w") as f:
+        f.write(f"{{t!r}} {{os.getpid()}}")
+    os.replace(tmp, os.path.join(d, name))
+
+
+def wait_all_started(deadline):
+    prefix = f"start_{{attempt}}_"
+    while time.time() < deadline:
+        if sum(n.startswith(prefix) for n in os.listdir(d)) >= world:
+            return
+        time.sleep(0.01)
+
+
+stamp(f"start_{{attempt}}_{{rank}}", t0)
+if mode == "fail":
+    if attempt == "0" and rank == "0":
+        wait_all_started(t0 + 30)
+        time.sleep(0.2)
+        stamp("fail", time.time())
+        sys.exit(1)
+    if attempt == "0":
+        time.sleep({WORKER_SLEEP_CAP_S})
+elif mode == "sleep":
+    wait_all_started(t0 + 30)
+    time.sleep(float(os.environ["BENCH_SLEEP"]))
+    stamp(f"end_{{rank}}", time.time())
+elif mode == "hold":
+    time.sleep({WORKER_SLEEP_CAP_S})
+"""
+
+
+def write_worker(directory: Path) -> Path:
+    """Write the worker script into `directory` and return its path."""
+    path = directory / "bench_worker.py"
+    path.write_text(WORKER)
+    return path
+
+
+def command(
+    launcher: Launcher,
+    script: Path,
+    nproc: int,
+    run_dir: Path,
+    *,
+    max_restarts: int = 0,
+    tee: bool = False,
+) -> list[str]:
+    """The command line that runs `script` on `nproc` local workers under `launcher`.
+
+    Args:
+        launcher: which launcher.
+        script: the worker script.
+        nproc: workers on this node.
+        run_dir: a fresh directory for this run; each launcher's own logs go under it.
+        max_restarts: restarts after a failure.
+        tee: copy the workers' output to the launcher's stdout (elastic-hydra's default `logs=tee`,
+            torchrun's `--tee 3`); otherwise elastic-hydra runs with `logs=quiet` and torchrun
+            lets the workers inherit its (discarded) stdout.
+
+    Returns:
+        The argv, both launchers run by the same interpreter as modules.
+    """
+    if launcher == "elastic-hydra":
+        return [
+            sys.executable, "-m", "elastic_hydra", f"script={script}", f"nproc_per_node={nproc}",
+            f"restart.max_restarts={max_restarts}", f"logs.root={run_dir / 'eh_logs'}",
+            *([] if tee else ["logs=quiet"]),
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}", f"--log-dir={run_dir / 'torchrun_logs'}",
+        *(["--tee", "3"] if tee else []), str(script),
+    ]  # fmt: skip
+
+
+def worker_env(mode: str, stamps: Path, **extra: str) -> dict[str, str]:
+    """The harness's environment plus the worker's mode, stamp directory and extras."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_HYDRA_", "BENCH_"))}
+    env.update(BENCH_MODE=mode, BENCH_STAMPS=str(stamps))
+    env.update({f"BENCH_{k.upper()}": v for k, v in extra.items()})
+    return env
