@@ -30,3 +30,10 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]", TORCH, "python-etcd")
     # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """elastic-hydra vs torchrun side by side; not part of the default run (`nox -s bench`)."""
+    session.install("-e", ".", TORCH, "psutil")
+    session.run("python", "benchmarks/run.py", *session.posargs)

@@ -1,4 +1,4 @@
-"""Process plumbing: start a launcher in its own session, read stamps, and never leave anything behind."""
+"""Process plumbing: start a launcher in its own session, read stamps, leave nothing behind."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def launched(
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL `proc`, its descendants (each may lead its own process group) and its session group."""
+    """SIGKILL `proc`, its descendants (each may lead its own process group) and its group."""
     if proc.poll() is None:
         try:
             victims = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
@@ -103,7 +103,8 @@ def count_stamps(stamps: Path, prefix: str) -> int:
 def alive(pid: int) -> bool:
     """Whether `pid` is a running process (a zombie counts as gone: it has exited)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        status: str = psutil.Process(pid).status()
+        return bool(status != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 

@@ -17,20 +17,21 @@ SIGBUS, SIGILL) to `ELASTIC_HYDRA_FAULT_FILE`.
 
 from __future__ import annotations
 
+import builtins
 import faulthandler
+import importlib.machinery
 import os
 import runpy
 import sys
 import time
+import types
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 FAULT_FILE_ENV = "ELASTIC_HYDRA_FAULT_FILE"
 
 # Frames of the bootstrap itself: runpy's code objects name the real file (`<frozen runpy>` on
 # some versions), whatever the interpreter.
-_OWN_FILES = frozenset(
-    [__file__, runpy.run_path.__code__.co_filename, runpy.run_module.__code__.co_filename]
-)
+_OWN_FILES = frozenset([__file__, runpy.run_path.__code__.co_filename])
 
 
 def main() -> None:
@@ -40,17 +41,22 @@ def main() -> None:
     fault_path = os.environ.get(FAULT_FILE_ENV)
     if fault_path:
         faulthandler.enable(open(fault_path, "w"), all_threads=True)  # noqa: SIM115 - lives on
+    # The user's code gets a fresh `__main__` module that stays in sys.modules to the end (atexit
+    # handlers and pickling find it), as with plain python. (This file's functions keep their
+    # own globals.)
+    sys.modules["__main__"] = types.ModuleType("__main__")
     try:
         if sys.argv[1] == "-m":
             name = sys.argv[2]
             sys.argv = [name, *sys.argv[3:]]  # runpy puts the module's file in argv[0]
             sys.path[0] = os.getcwd()
-            runpy.run_module(name, run_name="__main__", alter_sys=True)
+            # What `python -m` itself calls (it runs the module in sys.modules["__main__"]).
+            runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
         else:
             script = sys.argv[1]
             sys.argv = sys.argv[1:]
             sys.path[0] = os.path.dirname(os.path.realpath(script))
-            runpy.run_path(script, run_name="__main__")
+            _run_script(script)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:
@@ -58,6 +64,20 @@ def main() -> None:
         _record(exc, time.time())
         sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
+
+
+def _run_script(script: str) -> None:
+    if not os.path.isfile(script):  # a directory or zip file with a __main__.py
+        runpy.run_path(script, run_name="__main__")
+        return
+    script = os.path.abspath(script)  # as Python (3.9+) gives a script's __main__
+    module = sys.modules["__main__"]
+    module.__file__ = script
+    module.__builtins__ = builtins  # type: ignore[attr-defined]
+    module.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    with open(script, "rb") as f:
+        code = compile(f.read(), script, "exec")
+    exec(code, module.__dict__)
 
 
 def _strip_own_frames(exc: BaseException) -> None:
@@ -75,19 +95,19 @@ def _record(exc: BaseException, when: float) -> None:
     path = os.environ.get(ERROR_FILE_ENV)
     if not path or os.path.exists(path):  # torch's @record wrote it first: keep the user's
         return
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    data = {
-        "message": {
-            "message": f"{type(exc).__name__}: {exc}",
-            "extraInfo": {"py_callstack": text, "timestamp": str(int(when))},
-        },
-        "elastic_hydra": {"time": when, "stacks": _chain(exc)},
-    }
     try:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        data = {
+            "message": {
+                "message": f"{type(exc).__name__}: {_text(exc)}",
+                "extraInfo": {"py_callstack": text, "timestamp": str(int(when))},
+            },
+            "elastic_hydra": {"time": when, "stacks": _chain(exc)},
+        }
         with open(path, "w") as f:
-            json.dump(data, f)
-    except OSError as err:
-        sys.stderr.write(f"elastic-hydra bootstrap: cannot write {path}: {err}\n")
+            json.dump(data, f, default=repr)
+    except Exception as err:  # recording must never hide the user's own error
+        sys.stderr.write(f"elastic-hydra bootstrap: cannot record the error in {path}: {err}\n")
 
 
 def _chain(exc: BaseException) -> list[dict[str, object]]:
@@ -103,7 +123,7 @@ def _chain(exc: BaseException) -> list[dict[str, object]]:
         stacks.append(
             {
                 "exc_type": _type_name(current),
-                "exc_value": str(current),
+                "exc_value": _text(current),
                 "link": link,
                 "frames": [
                     {"filename": f.filename, "lineno": f.lineno, "name": f.name, "line": f.line}
@@ -120,6 +140,13 @@ def _chain(exc: BaseException) -> list[dict[str, object]]:
             current = None
     stacks.reverse()
     return stacks
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return "<exception str() failed>"  # what Python itself prints
 
 
 def _type_name(exc: BaseException) -> str:

@@ -55,7 +55,12 @@ def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetai
             base, source="crash", message=f"Fatal Python error: {crash.exc_value}", stacks=stacks
         )
     if stacks := hide_launcher_frames(parse_python(tail_text)):
-        return replace(base, source="stderr", message=exception_line(stacks[-1]), stacks=stacks)
+        # Lines printed after a traceback (atexit handlers, warnings) would read as the end of
+        # its message: from a log, keep the message's first line.
+        last = stacks[-1]
+        last = replace(last, exc_value=last.exc_value.split("\n", 1)[0])
+        stacks = (*stacks[:-1], last)
+        return replace(base, source="stderr", message=exception_line(last), stacks=stacks)
     return base
 
 

@@ -99,9 +99,7 @@ def launch(
 
 
 def launch_fail(tmp_path: Path, mode: str, *extra: str, nproc: int = 2, **kw: Any) -> Launch:
-    return launch(
-        tmp_path, f"script={FAIL}", f"nproc_per_node={nproc}", args=(mode, *extra), **kw
-    )
+    return launch(tmp_path, f"script={FAIL}", f"nproc_per_node={nproc}", args=(mode, *extra), **kw)
 
 
 def line_of(path: str | Path, source: str) -> int:
@@ -421,7 +419,9 @@ def test_raise_in_rank_1_of_3_is_the_root_cause_with_its_traceback(tmp_path: Pat
     assert cause["time"] == record["elastic_hydra"]["time"]  # the worker's own time
 
     # Ranks 0 and 2 were stopped by the launcher: failure records, never the cause.
-    assert [f["rank"] for f in run.summary["failures"]] == [1, 0, 2]
+    failures = run.summary["failures"]
+    assert failures[0] == cause  # the failure seen first, then the ranks stopped because of it
+    assert sorted(f["rank"] for f in failures[1:]) == [0, 2]
     for rank in (0, 2):
         peer = run.failure(rank)
         assert_terminated_peer(peer)
@@ -499,7 +499,12 @@ def test_module_entrypoint_raise_has_its_traceback(tmp_path: Path) -> None:
         frame(module, "explode", 'raise OSError("disk on fire in rank " + os.environ["RANK"])'),
     ]
     assert cause["traceback"] == [
-        {"exc_type": "OSError", "exc_value": "disk on fire in rank 1", "link": None, "frames": frames}
+        {
+            "exc_type": "OSError",
+            "exc_value": "disk on fire in rank 1",
+            "link": None,
+            "frames": frames,
+        }
     ]
     assert_terminated_peer(run.failure(0))
     for text in (run.report, run.rank_file(1, "stderr.log").read_text()):
@@ -567,13 +572,19 @@ def test_chained_exceptions_keep_every_stack(tmp_path: Path, link: str, bootstra
             "exc_type": "KeyError",
             "exc_value": "'missing'",
             "link": link,
-            "frames": [frame(script, "main", "load()"), frame(script, "load", 'raise KeyError("missing")')],
+            "frames": [
+                frame(script, "main", "load()"),
+                frame(script, "load", 'raise KeyError("missing")'),
+            ],
         },
         {
             "exc_type": "RuntimeError",
             "exc_value": message,
             "link": None,
-            "frames": [frame(script, "<module>", "main(sys.argv[1])"), frame(script, "main", last_line)],
+            "frames": [
+                frame(script, "<module>", "main(sys.argv[1])"),
+                frame(script, "main", last_line),
+            ],
         },
     ]
     lines = run.report.splitlines()
@@ -830,3 +841,74 @@ def test_shell_exit_137_is_decoded_as_sigkill(tmp_path: Path, how: str) -> None:
     assert "137" in run.summary["message"]
     assert cause["exit"] in run.report
     assert_terminated_peer(run.failure(0))
+
+
+# ----------------------------------------------------------------------------- __main__ edges
+ATEXIT_PICKLE_SOURCE = """\
+import atexit
+import pickle
+import sys
+
+
+class Config:
+    pass
+
+
+def save_at_exit(path):
+    try:
+        pickle.dumps(Config())
+        result = "ok"
+    except Exception as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    with open(path, "w") as f:
+        f.write(result)
+
+
+if __name__ == "__main__":
+    atexit.register(save_at_exit, sys.argv[1])
+"""
+
+
+def test_atexit_handler_can_pickle_a_class_of_the_script(tmp_path: Path) -> None:
+    script = tmp_path / "atexit_pickle.py"
+    script.write_text(ATEXIT_PICKLE_SOURCE)
+    results = {}
+    for how, prefix in (("plain", []), ("bootstrap", [BOOTSTRAP])):
+        out = tmp_path / f"{how}.txt"
+        run_plain([*prefix, str(script), str(out)], cwd=tmp_path)
+        results[how] = out.read_text()
+    assert results["plain"] == "ok"
+    assert results["bootstrap"] == results["plain"]
+
+
+UNPRINTABLE_SOURCE = """\
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+def fail():
+    raise Unprintable()
+
+
+fail()
+"""
+
+
+def test_exception_with_failing_str_is_still_recorded(tmp_path: Path) -> None:
+    script = tmp_path / "unprintable.py"
+    script.write_text(UNPRINTABLE_SOURCE)
+    error_file = tmp_path / "error.json"
+    proc = subprocess.run(
+        [sys.executable, "-u", BOOTSTRAP, str(script)],
+        env=agent_env(TORCHELASTIC_ERROR_FILE=str(error_file)),
+        capture_output=True,
+        timeout=PLAIN_TIMEOUT,
+        check=False,
+    )
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 1, stderr
+    # What `python unprintable.py` prints, and nothing of the bootstrap's.
+    assert traceback_block(stderr)[-1] == "Unprintable: <exception str() failed>"
+    assert "bootstrap.py" not in stderr
+    assert error_file.exists()

@@ -202,3 +202,22 @@ def test_torchs_new_format_and_our_own_record() -> None:
     message, stacks, when = parse_error_record(json.loads(json.dumps(record)))
     assert (message, stacks, when) == ("KeyError: 'k'", (ours,), 12.5)
     assert from_json(to_dict((ours,))) == (ours,)
+
+
+def test_lines_after_a_traceback_in_a_log_do_not_join_its_message(tmp_path: Path) -> None:
+    from elastic_hydra.capture import read_failure
+    from elastic_hydra.outcome import WorkerExit
+    from elastic_hydra.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    run.stderr(0, 1).parent.mkdir(parents=True)
+    run.stderr(0, 1).write_text(
+        'Traceback (most recent call last):\n  File "t.py", line 4, in <module>\n'
+        "ValueError: boom\n[W] process group has NOT been destroyed\n"
+    )
+    exit_ = WorkerExit(
+        local_rank=1, rank=1, pid=9, returncode=1, wall_time=0.0, mono_time=0.0, attempt=0
+    )
+    detail = read_failure(run, exit_, tail_lines=5)
+    assert (detail.source, detail.message) == ("stderr", "ValueError: boom")
+    assert detail.stderr_tail[-1] == "[W] process group has NOT been destroyed"
