@@ -100,25 +100,36 @@ def bind_cpus(
 ) -> tuple[WorkerDevices, ...]:
     """Give each worker a disjoint share of CPUs: those of its GPU's NUMA node when known.
 
-    Workers without a GPU with a known NUMA node share the rest of the `allowed` CPUs evenly.
+    Workers without a GPU on a known NUMA node (with allowed CPUs) share the allowed CPUs that
+    no NUMA group took, evenly.
     `node_cpus(n)` lists NUMA node n's CPUs. Each worker gets at least one CPU; when there are
     fewer CPUs than workers, they wrap around.
     """
     allowed_set = sorted(set(allowed))
-    groups: dict[int | None, list[int]] = {}
+    by_node: dict[int, list[int]] = {}  # NUMA node -> its workers
+    unplaced: list[int] = []
     for i, w in enumerate(workers):
         node = w.own.numa_node if w.own is not None else None
-        cpus = [c for c in node_cpus(node) if c in allowed_set] if node is not None else []
-        groups.setdefault(node if cpus else None, []).append(i)
-    result = list(workers)
-    for node, members in groups.items():
-        pool = [c for c in node_cpus(node) if c in allowed_set] if node is not None else allowed_set
-        for share, i in zip(split_evenly(pool, len(members)), members, strict=True):
-            w = workers[i]
-            result[i] = WorkerDevices(
-                gpus=w.gpus, own=w.own, cuda_visible_devices=w.cuda_visible_devices, cpus=share
-            )
-    return tuple(result)
+        if node is not None and any(c in allowed_set for c in node_cpus(node)):
+            by_node.setdefault(node, []).append(i)
+        else:
+            unplaced.append(i)
+    shares: dict[int, tuple[int, ...]] = {}
+    taken: set[int] = set()
+    for node, members in by_node.items():
+        pool = [c for c in node_cpus(node) if c in allowed_set]
+        taken |= set(pool)
+        shares.update(zip(members, split_evenly(pool, len(members)), strict=True))
+    if unplaced:
+        # The CPUs no NUMA group took; only if there are none, all of them (shares overlap).
+        rest = [c for c in allowed_set if c not in taken] or allowed_set
+        shares.update(zip(unplaced, split_evenly(rest, len(unplaced)), strict=True))
+    return tuple(
+        WorkerDevices(
+            gpus=w.gpus, own=w.own, cuda_visible_devices=w.cuda_visible_devices, cpus=shares[i]
+        )
+        for i, w in enumerate(workers)
+    )
 
 
 def split_evenly(cpus: Sequence[int], parts: int) -> list[tuple[int, ...]]:

@@ -143,6 +143,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         sharing=conf.gpu_sharing,
         cpu_bind=conf.cpu_bind,
         machine=host.machine,
+        job_visible=conf.env.get("CUDA_VISIBLE_DEVICES"),
     )
     return LaunchPlan(
         entrypoint=_entrypoint(conf, host),

@@ -63,6 +63,7 @@ def resolve_devices(
     sharing: bool,
     cpu_bind: bool,
     machine: Machine,
+    job_visible: str | None = None,
 ) -> tuple[WorkerDevices, ...]:
     """Each local rank's devices; () when the job leaves devices alone (torchrun's behaviour).
 
@@ -77,6 +78,14 @@ def resolve_devices(
         ) from None
     workers: tuple[WorkerDevices, ...] = ()
     if from_gpus or gpus is not None or kind is DevicePolicy.ISOLATE:
+        if job_visible is not None:
+            raise ConfigError(
+                "env.CUDA_VISIBLE_DEVICES",
+                "conflicts with the launcher's own GPU assignment",
+                job_visible,
+                "expected gpus=[...] to choose GPUs (or CUDA_VISIBLE_DEVICES set before launching)",
+                "The launcher sets each worker's CUDA_VISIBLE_DEVICES itself here.",
+            )
         chosen = _select(gpus, machine.gpus())
         if nproc > len(chosen) and not sharing:
             raise ConfigError(
