@@ -19,11 +19,6 @@ SYSFS = Path("/sys")
 _SMI_FIELDS = "index,uuid,name,memory.total,pci.bus_id"
 
 
-def cpu_count() -> int:
-    """CPUs this process may run on (its affinity mask), as torch's cpu_count does."""
-    return len(os.sched_getaffinity(0))
-
-
 def allowed_cpus() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0)))
 
@@ -46,10 +41,6 @@ def all_gpus(environ: Mapping[str, str]) -> tuple[Gpu, ...]:
     if gpus is None:
         gpus = _from_nvidia_smi(environ)
     return gpus
-
-
-def gpu_count(environ: Mapping[str, str]) -> int:
-    return len(visible_gpus(environ))
 
 
 def _from_nvml() -> tuple[Gpu, ...] | None:

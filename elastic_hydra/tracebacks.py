@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # Frames that belong to the launching machinery, not to the user's program.
@@ -54,13 +54,7 @@ def is_launcher_frame(frame: Frame) -> bool:
 
 def hide_launcher_frames(stacks: Iterable[Stack]) -> tuple[Stack, ...]:
     return tuple(
-        Stack(
-            exc_type=s.exc_type,
-            exc_value=s.exc_value,
-            link=s.link,
-            frames=tuple(f for f in s.frames if not is_launcher_frame(f)),
-        )
-        for s in stacks
+        replace(s, frames=tuple(f for f in s.frames if not is_launcher_frame(f))) for s in stacks
     )
 
 
@@ -107,7 +101,7 @@ def parse_python(text: str) -> tuple[Stack, ...]:
         while i < len(lines) and not lines[i].strip():
             i += 1
         link = next((k for k, v in _LINKS.items() if i < len(lines) and lines[i] == v), None)
-        stacks.append(_with_link(stack, link))
+        stacks.append(replace(stack, link=link))
         if link is None:
             break
         i += 1
@@ -135,10 +129,6 @@ def _parse_one(lines: list[str], i: int) -> tuple[Stack, int]:
         i += 1
     exc_type, _, exc_value = "\n".join(message).partition(": ")
     return Stack(exc_type=exc_type, exc_value=exc_value, frames=tuple(frames)), i
-
-
-def _with_link(stack: Stack, link: str | None) -> Stack:
-    return Stack(exc_type=stack.exc_type, exc_value=stack.exc_value, frames=stack.frames, link=link)
 
 
 def parse_fault(text: str) -> Stack | None:

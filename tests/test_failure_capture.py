@@ -12,7 +12,6 @@ text, as stderr is not a terminal); worker output is only in the run dir's files
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -596,7 +595,6 @@ def test_chained_exceptions_keep_every_stack(tmp_path: Path, link: str, bootstra
 
 
 # -------------------------------------------------------------------------- 5 torch's @record
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_torch_record_error_file_is_read_and_its_wrapper_hidden(tmp_path: Path) -> None:
     run = launch_fail(tmp_path, "raise", "--torch-record")
     assert_root_rank(run, 1)
