@@ -19,14 +19,15 @@ from typing import IO, Any
 from elastic_hydra import entry, render
 from elastic_hydra.capture import read_failure
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
+from elastic_hydra.errors import RendezvousError
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor, Rendezvous
 from elastic_hydra.logpump import ConsoleSink, drain
-from elastic_hydra.outcome import RunOutcome, WorkerFailure
-from elastic_hydra.plan import LaunchPlan, worker_argv
+from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
+from elastic_hydra.plan import Dynamic, LaunchPlan, worker_argv
 from elastic_hydra.rendezvous import LocalRendezvous
 from elastic_hydra.rundir import RunDir
-from elastic_hydra.summary import summarize
+from elastic_hydra.summary import failure_record, summarize
 from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
 
 FORWARDED_SIGNALS = entry.STOP_SIGNALS
@@ -164,8 +165,51 @@ class LocalWorkerFactory:
         return text.encode()
 
 
-def make_rendezvous(plan: LaunchPlan) -> Rendezvous:
-    return LocalRendezvous(plan)
+def make_rendezvous(plan: LaunchPlan, flag: StopFlag, run: RunDir) -> Rendezvous:
+    if not isinstance(plan.rdzv, Dynamic):
+        return LocalRendezvous(plan)
+    from elastic_hydra.rendezvous_torch import TorchRendezvous
+
+    def describe(exit: WorkerExit, node: NodeAssignment) -> dict[str, Any]:
+        detail = read_failure(run, exit, plan.logs.tail_lines)
+        record = failure_record(WorkerFailure(exit=exit, detail=detail, host=HOST))
+        return {**record, "node_rank": node.group_rank}
+
+    return TorchRendezvous(plan, flag, describe)
+
+
+def end_rendezvous(rdzv: Rendezvous, outcome: RunOutcome, events: EventLog) -> list[dict[str, Any]]:
+    """Multi-node: wait for the others after success, close the job after a failure, and
+    collect every node's failure records. A node stopped by a signal leaves the job running."""
+    from elastic_hydra.rendezvous_torch import TorchRendezvous
+
+    if not isinstance(rdzv, TorchRendezvous):
+        return []
+    if outcome.status is Status.SUCCEEDED:
+        waited = rdzv.exit_barrier()
+        events.emit(EventKind.EXIT_BARRIER, waited=waited, completed=waited is not None)
+    if outcome.status is not Status.STOPPED:
+        rdzv.shutdown()
+    return rdzv.job_failures()
+
+
+def rendezvous_failed(exc: RendezvousError, flag: StopFlag, events: EventLog) -> RunOutcome:
+    """The outcome when the rendezvous could not even be reached (or a signal came first)."""
+    if flag.signum is not None:
+        name = signal.Signals(flag.signum).name
+        outcome = RunOutcome(
+            status=Status.STOPPED, attempts=0, reason=f"received {name}", signal=flag.signum
+        )
+    else:
+        outcome = RunOutcome(status=Status.RENDEZVOUS_FAILED, attempts=0, reason=str(exc))
+    events.emit(
+        EventKind.FINISH,
+        status=outcome.status.value,
+        exit_code=outcome.exit_code,
+        reason=outcome.reason,
+        attempts=0,
+    )
+    return outcome
 
 
 def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
@@ -177,18 +221,24 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     events = EventLog(run_dir.events)
     rdzv: Rendezvous | None = None
     outcome: RunOutcome | None = None
+    job_failures: list[dict[str, Any]] = []
     guard = GroupGuard()
     try:
         with handle_signals(flag):
-            rdzv = make_rendezvous(plan)
-            outcome = Executor(
-                plan,
-                rendezvous=rdzv,
-                workers=LocalWorkerFactory(plan, run_dir, flag, guard),
-                clock=RealClock(flag),
-                observer=events,
-                stop=flag,
-            ).run()
+            try:
+                rdzv = make_rendezvous(plan, flag, run_dir)
+            except RendezvousError as exc:
+                outcome = rendezvous_failed(exc, flag, events)
+            else:
+                outcome = Executor(
+                    plan,
+                    rendezvous=rdzv,
+                    workers=LocalWorkerFactory(plan, run_dir, flag, guard),
+                    clock=RealClock(flag),
+                    observer=events,
+                    stop=flag,
+                ).run()
+                job_failures = end_rendezvous(rdzv, outcome, events)
     except BaseException as exc:  # a bug in the launcher: still leave a summary behind
         error = {"status": "error", "exit_code": 70, "message": f"{type(exc).__name__}: {exc}"}
         run_dir.summary.write_text(json.dumps(error, indent=2) + "\n")
@@ -205,7 +255,13 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
         if e.returncode != 0
     ]
     summary = summarize(
-        plan, outcome, failures, host=HOST, started=started_at, duration=time.monotonic() - started
+        plan,
+        outcome,
+        failures,
+        host=HOST,
+        started=started_at,
+        duration=time.monotonic() - started,
+        job_failures=job_failures,
     )
     run_dir.summary.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     render.print_outcome(summary, quiet=plan.logs.quiet)

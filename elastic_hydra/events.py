@@ -14,6 +14,8 @@ class EventKind(enum.Enum):
     WORKERS_STARTED = "workers_started"  # pids of the attempt's workers
     WORKER_EXITED = "worker_exited"  # exit code or signal of one worker
     RESTART = "restart"  # the group restarts: reason and delay
+    MEMBERSHIP = "membership"  # a node joined, left or ended the job while the workers ran
+    EXIT_BARRIER = "exit_barrier"  # after success: how long this node waited for the others
     SIGNAL = "signal"  # the agent received a signal
     STOP = "stop"  # workers were stopped: why, and pids that would not die
     FINISH = "finish"  # the run ended: status and exit code

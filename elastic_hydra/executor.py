@@ -20,12 +20,30 @@ from elastic_hydra.plan import Action, LaunchPlan, Standalone, Static
 from elastic_hydra.supervise import Exited
 
 
+class ChangeKind(enum.Enum):
+    JOINED = "joined"  # a node waits to join: re-rendezvous, no restart spent
+    LEFT = "left"  # a node stopped heartbeating: re-rendezvous if enough nodes remain
+    CLOSED = "closed"  # another node ended the job
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """A membership change seen while the workers run."""
+
+    kind: ChangeKind
+    reason: str
+    nodes: int = 0  # nodes still in the job (LEFT)
+
+
 class Rendezvous(Protocol):
     def next_round(self) -> NodeAssignment:
         """Join the next round; blocks until it completes. Raises RendezvousError."""
 
-    def num_nodes_waiting(self) -> int:
-        """Nodes that want to join the running round (0 when membership is fixed)."""
+    def poll(self) -> Change | None:
+        """A membership change since the round completed, or None. Raises RendezvousError."""
+
+    def publish_failure(self, exit: WorkerExit) -> None:
+        """Tell the other nodes about a real worker failure on this one (job-wide root cause)."""
 
     def close(self) -> None: ...
 
@@ -73,6 +91,8 @@ class _Ended(enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     MEMBERSHIP = "membership"
+    ENDED_ELSEWHERE = "ended_elsewhere"
+    RENDEZVOUS_LOST = "rendezvous_lost"
     STOPPED = "stopped"
 
 
@@ -119,7 +139,7 @@ class Executor:
             try:
                 node = self._rendezvous()
             except RendezvousError as exc:
-                return self._finish(Status.RENDEZVOUS_FAILED, str(exc))
+                return self._stopped() or self._finish(Status.RENDEZVOUS_FAILED, str(exc))
             if (stopped := self._stopped()) is not None:  # a signal during the rendezvous
                 return stopped
             self.state.node = node
@@ -133,6 +153,10 @@ class Executor:
                 return self._finish(Status.SUCCEEDED, reason)
             if ended is _Ended.STOPPED:
                 return self._finish(Status.STOPPED, reason, self.stop_request.signum)
+            if ended is _Ended.ENDED_ELSEWHERE:
+                return self._finish(Status.FAILED, reason)
+            if ended is _Ended.RENDEZVOUS_LOST:
+                return self._finish(Status.RENDEZVOUS_FAILED, reason)
             if ended is _Ended.FAILED and not self._restart(started):
                 return self._finish(Status.FAILED, self.state.reason)
 
@@ -155,12 +179,38 @@ class Executor:
                 self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
                 return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
             if failed := [r for r in records if r.failed]:
+                for record in failed:
+                    self.rdzv.publish_failure(record)
                 first = failed[0]
                 return _Ended.FAILED, f"rank {first.rank} {describe_returncode(first.returncode)}"
             if not group.running():
                 return _Ended.SUCCEEDED, "all workers exited with code 0"
-            if self.check_every is not None and self.rdzv.num_nodes_waiting() > 0:
-                return _Ended.MEMBERSHIP, "a node is waiting to join"
+            if self.check_every is not None and (ended := self._membership()) is not None:
+                return ended
+
+    def _membership(self) -> tuple[_Ended, str] | None:
+        try:
+            change = self.rdzv.poll()
+        except RendezvousError as exc:
+            return _Ended.RENDEZVOUS_LOST, str(exc)
+        if change is None:
+            return None
+        self.observer.emit(
+            EventKind.MEMBERSHIP, change=change.kind.value, reason=change.reason, nodes=change.nodes
+        )
+        match change.kind:
+            case ChangeKind.JOINED:
+                return _Ended.MEMBERSHIP, change.reason
+            case ChangeKind.CLOSED:
+                return _Ended.ENDED_ELSEWHERE, change.reason
+            case ChangeKind.LEFT if change.nodes < self.plan.nnodes.min:
+                return _Ended.RENDEZVOUS_LOST, (
+                    f"{change.reason}; {change.nodes} node(s) remain, fewer than the "
+                    f"nnodes minimum {self.plan.nnodes.min}. Start more nodes, or lower MIN "
+                    f"in nnodes={self.plan.nnodes}"
+                )
+            case ChangeKind.LEFT:
+                return _Ended.MEMBERSHIP, change.reason
 
     def _record(
         self, exited: Exited, node: NodeAssignment, by_launcher: bool = False

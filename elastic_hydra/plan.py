@@ -106,7 +106,14 @@ class Dynamic:
     keep_alive_interval: float
     keep_alive_max_attempt: int
     read_timeout: float
+    exit_barrier_timeout: float = 300.0
+    timeout: float = 900.0  # legacy etcd: the whole rendezvous
     is_host: bool | None = None
+
+    @property
+    def departure_bound(self) -> float:
+        """A node without a heartbeat for this long has left (torch's own rule)."""
+        return self.keep_alive_interval * self.keep_alive_max_attempt
 
 
 Rendezvous = Standalone | Static | Dynamic

@@ -191,7 +191,8 @@ def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100)
         parts.append(Text(f"processes that would not die: {summary['stuck_pids']}", style="red"))
     parts.append(Text(f"run dir: {summary['run_dir']}"))
     if cause is not None:
-        parts.append(Text(f"logs of rank {cause['rank']}: {cause['stderr_log']}"))
+        there = "" if cause["host"] == summary["host"] else f" on {cause['host']}"
+        parts.append(Text(f"logs of rank {cause['rank']}{there}: {cause['stderr_log']}"))
     if plain:
         return Group(Text.assemble((f"{title}: ", "bold red"), headline), *parts)
     return Panel(
@@ -212,7 +213,7 @@ def _root_cause(cause: Mapping[str, Any], *, plain: bool, width: int) -> list[Re
         "root cause",
         Text.assemble(
             (f"rank {cause['rank']}", "bold yellow"),
-            f" (local rank {cause['local_rank']}) on {cause['host']}, pid {cause['pid']}, "
+            f" (local rank {cause['local_rank']}) on {_where(cause)}, pid {cause['pid']}, "
             f"restart count {cause['attempt']}",
         ),
     )
@@ -230,6 +231,11 @@ def _root_cause(cause: Mapping[str, Any], *, plain: bool, width: int) -> list[Re
     if not stacks or (cause.get("source") == "crash" and cause.get("stderr_tail")):
         parts += _stderr_tail(cause)
     return parts
+
+
+def _where(cause: Mapping[str, Any]) -> str:
+    node = cause.get("node_rank")
+    return str(cause["host"]) if node is None else f"{cause['host']} (node {node})"
 
 
 def _rich_traceback(stacks: Sequence[tracebacks.Stack], width: int) -> RenderableType:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 from elastic_hydra.env import NodeAssignment
+from elastic_hydra.outcome import WorkerExit
 from elastic_hydra.plan import Endpoint, LaunchPlan, Standalone, Static
 
 
@@ -49,8 +50,11 @@ class LocalRendezvous:
             master=self.master,
         )
 
-    def num_nodes_waiting(self) -> int:
-        return 0
+    def poll(self) -> None:
+        return None  # membership is fixed
+
+    def publish_failure(self, exit: WorkerExit) -> None:
+        pass  # one node, or static nodes without a shared store: the summary is this node's
 
     def close(self) -> None:
         if self._reservation is not None:

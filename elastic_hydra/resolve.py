@@ -6,6 +6,7 @@ and OmegaConf's own composition errors into the same one-line form.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import os
@@ -24,7 +25,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from elastic_hydra import devices, schema
+from elastic_hydra import devices, schema, slurm
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import (
     Action,
@@ -47,7 +48,7 @@ from elastic_hydra.plan import (
 from elastic_hydra.resolve_gpus import Machine, resolve_devices, resolve_nproc
 from elastic_hydra.schema import ElasticHydraConf, LogsConf, RestartConf
 
-BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd")
+BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd", "slurm")
 DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379, "etcd": 2379}
 STATIC_DEFAULT_PORT = 29500
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -134,6 +135,9 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
     """Resolve a typed job config (see `resolve_config`)."""
     nnodes = parse_nnodes(conf.nnodes)
     nproc, from_gpus = resolve_nproc(conf.nproc_per_node, host.machine)
+    run_id = conf.rdzv.id
+    if conf.rdzv.backend == "slurm":
+        conf, nnodes, run_id = _slurm(conf, nnodes, host.environ)
     rdzv = _rendezvous(conf, nnodes)
     workers = resolve_devices(
         nproc=nproc,
@@ -150,7 +154,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         nnodes=nnodes,
         nproc_per_node=nproc,
         rdzv=rdzv,
-        run_id=conf.rdzv.id or (uuid.uuid4().hex if isinstance(rdzv, Standalone) else "none"),
+        run_id=run_id or (uuid.uuid4().hex if isinstance(rdzv, Standalone) else "none"),
         role=_nonempty("role", conf.role),
         local_addr=conf.local_addr or None,
         restart=_restart(conf.restart),
@@ -259,15 +263,6 @@ def _rendezvous(conf: ElasticHydraConf, nnodes: NodeRange) -> Standalone | Stati
     if r.backend == "static":
         return _static(conf, nnodes)
     endpoint = parse_endpoint(r.endpoint, DEFAULT_PORTS[r.backend], key="rdzv.endpoint")
-    for name in (
-        "join_timeout",
-        "last_call_timeout",
-        "close_timeout",
-        "heartbeat_timeout",
-        "keep_alive_interval",
-        "read_timeout",
-    ):
-        _seconds(f"rdzv.{name}", getattr(r, name))
     if r.keep_alive_max_attempt < 1:
         raise ConfigError(
             "rdzv.keep_alive_max_attempt", "must be at least 1", r.keep_alive_max_attempt, "e.g. 3"
@@ -275,15 +270,70 @@ def _rendezvous(conf: ElasticHydraConf, nnodes: NodeRange) -> Standalone | Stati
     return Dynamic(
         backend=DynamicBackend(r.backend),
         endpoint=endpoint,
-        join_timeout=r.join_timeout,
-        last_call_timeout=r.last_call_timeout,
-        close_timeout=r.close_timeout,
-        heartbeat_timeout=r.heartbeat_timeout,
-        keep_alive_interval=r.keep_alive_interval,
+        join_timeout=_whole_seconds("rdzv.join_timeout", r.join_timeout),
+        last_call_timeout=_whole_seconds("rdzv.last_call_timeout", r.last_call_timeout),
+        close_timeout=_whole_seconds("rdzv.close_timeout", r.close_timeout),
+        heartbeat_timeout=_whole_seconds("rdzv.heartbeat_timeout", r.heartbeat_timeout),
+        keep_alive_interval=_whole_seconds("rdzv.keep_alive_interval", r.keep_alive_interval),
         keep_alive_max_attempt=r.keep_alive_max_attempt,
-        read_timeout=r.read_timeout,
+        read_timeout=_whole_seconds("rdzv.read_timeout", r.read_timeout),
+        exit_barrier_timeout=_seconds("rdzv.exit_barrier_timeout", r.exit_barrier_timeout),
+        timeout=_whole_seconds("rdzv.timeout", r.timeout),
         is_host=r.is_host,
     )
+
+
+def _whole_seconds(key: str, value: float) -> float:
+    """torch's rendezvous reads its timeouts as whole seconds (get_as_int)."""
+    _seconds(key, value)
+    if value != int(value):
+        whole = max(1, round(value))
+        raise ConfigError(
+            key, "torch's rendezvous takes whole seconds", value, f"e.g. {key}={whole}"
+        )
+    return float(value)
+
+
+def _slurm(
+    conf: ElasticHydraConf, nnodes: NodeRange, environ: Mapping[str, str]
+) -> tuple[ElasticHydraConf, NodeRange, str | None]:
+    """rdzv=slurm: c10d at the allocation's first node, nnodes and the run id from Slurm."""
+    try:
+        job = slurm.slurm_job(environ)
+    except ValueError as exc:
+        raise ConfigError(
+            "rdzv.backend", f"bad Slurm environment: {exc}", "slurm", "run inside srun/sbatch"
+        ) from None
+    if job is None:
+        raise ConfigError(
+            "rdzv.backend",
+            "needs a Slurm allocation (SLURM_JOB_ID is not set)",
+            "slurm",
+            "launch with srun, or pick rdzv=c10d with rdzv.endpoint=HOST:PORT",
+        )
+    given = (
+        parse_endpoint(conf.rdzv.endpoint, DEFAULT_PORTS["c10d"], key="rdzv.endpoint")
+        if (conf.rdzv.endpoint.strip() and not conf.rdzv.endpoint.strip().startswith(":"))
+        else None
+    )
+    port = given.port if given else _slurm_port(conf.rdzv.endpoint)
+    host = given.host if given else job.nodes[0]
+    rdzv = dataclasses.replace(
+        conf.rdzv, backend="c10d", endpoint=str(Endpoint(host=host, port=port))
+    )
+    if nnodes == NodeRange(min=1, max=1):
+        nnodes = NodeRange(min=job.nnodes, max=job.nnodes)
+    return dataclasses.replace(conf, rdzv=rdzv), nnodes, conf.rdzv.id or job.job_id
+
+
+def _slurm_port(endpoint: str) -> int:
+    """`:PORT` picks the port at the first node; empty gives c10d's default."""
+    text = endpoint.strip()
+    if not text:
+        return DEFAULT_PORTS["c10d"]
+    if not text[1:].isdigit():
+        raise ConfigError("rdzv.endpoint", "port is not a number", endpoint, "expected :PORT")
+    return _port("rdzv.endpoint", int(text[1:]), endpoint)
 
 
 def _static(conf: ElasticHydraConf, nnodes: NodeRange) -> Static:

@@ -33,9 +33,13 @@ class RdzvConf:
     last_call_timeout: float = 30.0
     close_timeout: float = 30.0
     heartbeat_timeout: float = 5.0
+    # A node whose heartbeat is older than keep_alive_interval x keep_alive_max_attempt has left:
+    # the others re-rendezvous without it.
     keep_alive_interval: float = 5.0
     keep_alive_max_attempt: int = 3
     read_timeout: float = 60.0
+    # After its workers succeed, how long a node waits for the others to finish too.
+    exit_barrier_timeout: float = 300.0
     # c10d: host the store in this agent (default: when the endpoint is this machine).
     is_host: bool | None = None
     # Legacy etcd: how long to wait for the other nodes.

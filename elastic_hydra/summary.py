@@ -5,7 +5,7 @@ The console summary and `elastic-hydra report` both render this same data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from elastic_hydra.outcome import (
@@ -29,9 +29,16 @@ def summarize(
     host: str,
     started: float,
     duration: float,
+    job_failures: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The machine-readable summary.json of one launch on this node."""
+    """The machine-readable summary.json of one launch on this node.
+
+    `job_failures` are the records every node published to the rendezvous store: the root cause
+    is then the job's earliest real failure, on whichever node it happened.
+    """
     cause = first_failure(failures) if outcome.status is Status.FAILED else None
+    local = failure_record(cause) if cause else None
+    job_cause = job_root_cause(job_failures) if outcome.status is Status.FAILED else None
     return {
         "status": outcome.status.value,
         "exit_code": outcome.exit_code,
@@ -45,10 +52,20 @@ def summarize(
         "run_dir": plan.run_dir,
         "signal": signal_name(outcome.signal) if outcome.signal else None,
         "stuck_pids": list(outcome.stuck_pids),
-        "root_cause": failure_record(cause) if cause else None,
+        "root_cause": job_cause or local,
         "failures": [failure_record(f) for f in failures],
+        "job_failures": [dict(f) for f in job_failures],
         "exits": [_exit_record(e) for e in outcome.exits],
     }
+
+
+def job_root_cause(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The earliest real failure of the latest rendezvous round that had failures."""
+    real = [r for r in records if not r.get("terminated_by_launcher")]
+    if not real:
+        return None
+    last = max(r.get("rdzv_round", 0) for r in real)
+    return dict(min((r for r in real if r.get("rdzv_round", 0) == last), key=lambda r: r["time"]))
 
 
 def _exit_record(e: WorkerExit) -> dict[str, Any]:

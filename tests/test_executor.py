@@ -17,8 +17,8 @@ import pytest
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.events import EventKind
-from elastic_hydra.executor import Executor
-from elastic_hydra.outcome import RunOutcome, Status
+from elastic_hydra.executor import Change, ChangeKind, Executor
+from elastic_hydra.outcome import RunOutcome, Status, WorkerExit
 from elastic_hydra.plan import (
     Action,
     Backoff,
@@ -233,11 +233,16 @@ class FakeRendezvous:
         rounds: list[NodeAssignment | RendezvousError],
         waiting: list[int] | None = None,
         on_join: Any = None,
+        changes: list[Change | RendezvousError | None] | None = None,
     ) -> None:
         self.rounds = rounds
-        self.waiting = list(waiting or [])
+        self.changes: list[Change | RendezvousError | None] = [
+            Change(kind=ChangeKind.JOINED, reason=f"{n} node(s) waiting to join") if n else None
+            for n in waiting or []
+        ] + list(changes or [])
         self.on_join = on_join
         self.calls: list[str] = []
+        self.published: list[WorkerExit] = []
         self.joins = 0
 
     def next_round(self) -> NodeAssignment:
@@ -250,9 +255,15 @@ class FakeRendezvous:
             raise result
         return result
 
-    def num_nodes_waiting(self) -> int:
-        self.calls.append("num_nodes_waiting")
-        return self.waiting.pop(0) if self.waiting else 0
+    def poll(self) -> Change | None:
+        self.calls.append("poll")
+        change = self.changes.pop(0) if self.changes else None
+        if isinstance(change, RendezvousError):
+            raise change
+        return change
+
+    def publish_failure(self, exit: WorkerExit) -> None:
+        self.published.append(exit)
 
     def close(self) -> None:
         self.calls.append("close")
@@ -372,7 +383,7 @@ def test_success_in_one_attempt() -> None:
     assert group.closed
     # Standalone membership is fixed: event-driven waits with no timeout, no membership polling.
     assert group.waits and all(w is None for w in group.waits)
-    assert "num_nodes_waiting" not in h.rdzv.calls
+    assert "poll" not in h.rdzv.calls
 
 
 def test_a_worker_exiting_0_early_does_not_end_the_attempt() -> None:

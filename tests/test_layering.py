@@ -24,6 +24,7 @@ PURE = [
     "elastic_hydra.events",
     "elastic_hydra.tracebacks",
     "elastic_hydra.gpus",
+    "elastic_hydra.slurm",
 ]
 # Pure means no I/O, no clock, no process state: none of these may be imported.
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}

@@ -133,7 +133,7 @@ CASES = [
         [T, "rdzv=zookeeper"],
         "rdzv",
         "got 'zookeeper'",
-        "c10d, etcd, etcd-v2, standalone, static",
+        "c10d, etcd, etcd-v2, slurm, standalone, static",
     ),
     case(
         "static-node-rank-too-big",
@@ -182,7 +182,7 @@ CASES = [
         "preset-not-a-name",
         [T, "rdzv=5"],
         "rdzv",
-        "c10d, etcd, etcd-v2, standalone, static",
+        "c10d, etcd, etcd-v2, slurm, standalone, static",
     ),
     # ------------------------------------------------------------------------ restart and timing
     case(
@@ -416,6 +416,14 @@ def test_presets_found() -> None:
     assert expected <= found
 
 
+SLURM_ENV = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NODELIST": "node[01-03,07]",
+    "SLURM_NNODES": "4",
+    "SLURM_NODEID": "2",
+}
+
+
 @pytest.mark.parametrize(("group", "option"), _presets())
 def test_every_preset_plans(
     job_dir: Path,
@@ -425,6 +433,9 @@ def test_every_preset_plans(
     option: str,
 ) -> None:
     monkeypatch.setenv("COLUMNS", "500")  # rich folds long paths at the default 80 columns
+    if option == "slurm":  # the preset reads the allocation from Slurm's variables
+        for name, value in SLURM_ENV.items():
+            monkeypatch.setenv(name, value)
     code = run_main([T, f"{group}={option}", "--plan"])
     out, err = capsys.readouterr()
     assert code == 0, err

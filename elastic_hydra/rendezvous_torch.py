@@ -1,0 +1,342 @@
+"""Multi-node rendezvous through PyTorch's own handlers: c10d, etcd-v2 and legacy etcd.
+
+torch is imported here only, and only for these backends. The store keys for rank assignment and
+the exit barrier are torchrun's, so elastic-hydra and torchrun agents can share one rendezvous.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+from elastic_hydra.env import NodeAssignment
+from elastic_hydra.errors import ConfigError, RendezvousError
+from elastic_hydra.executor import Change, ChangeKind
+from elastic_hydra.outcome import WorkerExit
+from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
+
+# torch's Store and RendezvousHandler, typed loosely: torch is optional and ships partial stubs.
+Store = Any
+RendezvousHandler = Any
+# torchrun's keys (torch/distributed/elastic/agent/server/api.py, utils/store.py).
+ROLE_INFO = "torchelastic/role_info/"
+ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
+EXIT_BARRIER = "torchelastic/agent/terminal_state"
+# Ours: every node's failure records, job-wide, in the store that outlives the rounds.
+FAILURES = "elastic_hydra/{run_id}/failures"
+
+_T = TypeVar("_T")
+
+
+class Interrupt(Protocol):
+    @property
+    def signum(self) -> int | None:
+        """Set when a signal asks the agent to stop."""
+
+
+class TorchRendezvous:
+    """One node's view of a torch rendezvous (implements executor.Rendezvous)."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        interrupt: Interrupt,
+        describe: Callable[[WorkerExit, NodeAssignment], dict[str, Any]],
+    ) -> None:
+        assert isinstance(plan.rdzv, Dynamic)
+        self.plan = plan
+        self.spec: Dynamic = plan.rdzv
+        self.interrupt = interrupt
+        self.describe = describe
+        self.where = f"{self.spec.backend.value} rendezvous '{plan.run_id}' at {self.spec.endpoint}"
+        self.node: NodeAssignment | None = None
+        self.store: Store | None = None  # this round's store
+        self.job_store: Store | None = None  # the store under every round's prefix
+        self._members: frozenset[object] = frozenset()
+        self._round = -1
+        self.handler: RendezvousHandler = self._blocking(self._create_handler, "connect")
+
+    # ------------------------------------------------------------------------------ the protocol
+    def next_round(self) -> NodeAssignment:
+        self.node = self._blocking(self._join, "join")
+        return self.node
+
+    def poll(self) -> Change | None:
+        try:
+            waiting = self.handler.num_nodes_waiting()  # syncs the shared state (cached 1 s)
+        except Exception as exc:
+            raise RendezvousError(self._lost(exc)) from None
+        state = _dynamic_state(self.handler)
+        if state is not None and state.closed:
+            return Change(kind=ChangeKind.CLOSED, reason="another node ended the job")
+        if waiting:
+            return Change(kind=ChangeKind.JOINED, reason=f"{waiting} node(s) waiting to join")
+        if state is None:
+            return None  # legacy etcd keeps no heartbeats: a departure shows as worker failures
+        # Syncing drops nodes whose last heartbeat is older than the departure bound.
+        alive = self._members & set(state.participants)
+        if state.round == self._round and alive == self._members:
+            return None
+        gone = ", ".join(sorted(_node_name(n) for n in self._members - alive)) or "a node"
+        return Change(
+            kind=ChangeKind.LEFT,
+            reason=f"{gone} left the job (no heartbeat for {self.spec.departure_bound:g} s)",
+            nodes=len(alive),
+        )
+
+    def publish_failure(self, exit: WorkerExit) -> None:
+        if self.job_store is None or self.node is None:
+            return
+        record = {**self.describe(exit, self.node), "rdzv_round": self._round}
+        key = FAILURES.format(run_id=self.plan.run_id)
+        try:
+            index = self.job_store.add(f"{key}/count", 1)
+            self.job_store.set(f"{key}/{index}", json.dumps(record, default=str))
+        except Exception:  # the store is gone: this node's summary still has the record
+            return
+
+    def close(self) -> None:
+        pass  # see finish(): whether to close the rendezvous depends on how the job ended
+
+    # --------------------------------------------------------------------------------- the end
+    def job_failures(self) -> list[dict[str, Any]]:
+        """Every node's published failure records (empty when the store is gone)."""
+        if self.job_store is None:
+            return []
+        key = FAILURES.format(run_id=self.plan.run_id)
+        records = []
+        try:
+            count = self.job_store.add(f"{key}/count", 0)
+            for index in range(1, count + 1):
+                if self.job_store.check([f"{key}/{index}"]):
+                    records.append(json.loads(self.job_store.get(f"{key}/{index}")))
+        except Exception:
+            pass
+        return records
+
+    def exit_barrier(self) -> float | None:
+        """After success, wait for the other nodes to finish (torchrun's barrier, same keys).
+
+        Returns the seconds waited, or None when it gave up: timeout, a node left, a signal.
+        """
+        if self.store is None or self.node is None:
+            return 0.0
+        started = time.monotonic()
+        last = f"{EXIT_BARRIER}/last_member"
+        try:
+            if self.store.add(f"{EXIT_BARRIER}/num_members", 1) == self.node.group_world_size:
+                self.store.set(last, "<val_ignored>")
+            while time.monotonic() - started < self.spec.exit_barrier_timeout:
+                if self.store.check([last]):
+                    return time.monotonic() - started
+                if self.interrupt.signum is not None:
+                    return None
+                if (change := self.poll()) is not None and change.kind is not ChangeKind.JOINED:
+                    return None
+                time.sleep(0.05)
+        except Exception:
+            return None
+        return None
+
+    def shutdown(self) -> None:
+        """Close the rendezvous for this run id: nodes still in it stop instead of waiting."""
+        with contextlib.suppress(Exception):  # the store is already gone
+            self.handler.shutdown()
+
+    # ------------------------------------------------------------------------------- internals
+    def _create_handler(self) -> RendezvousHandler:
+        rdzv = _import_torch_rendezvous(self.spec.backend)
+        spec = self.spec
+        options: dict[str, Any] = {
+            "join_timeout": int(spec.join_timeout),
+            "last_call_timeout": int(spec.last_call_timeout),
+            "close_timeout": int(spec.close_timeout),
+            "heartbeat_timeout": int(spec.heartbeat_timeout),
+            "keep_alive_interval": int(spec.keep_alive_interval),
+            "keep_alive_max_attempt": spec.keep_alive_max_attempt,
+            "read_timeout": int(spec.read_timeout),
+            "timeout": int(spec.timeout),
+        }
+        if spec.is_host is not None:
+            options["is_host"] = spec.is_host
+        params = rdzv.RendezvousParameters(
+            backend=spec.backend.value,
+            endpoint=str(spec.endpoint),
+            run_id=self.plan.run_id,
+            min_nodes=self.plan.nnodes.min,
+            max_nodes=self.plan.nnodes.max,
+            local_addr=self.plan.local_addr,
+            **options,
+        )
+        try:
+            return rdzv.registry.get_rendezvous_handler(params)
+        except Exception as exc:
+            raise RendezvousError(
+                f"cannot reach the {self.where}: {_reason(exc)}. Start the "
+                f"{_server(spec)} there, or fix rdzv.endpoint"
+                + (
+                    f" (waited rdzv.read_timeout={spec.read_timeout:g} s)"
+                    if spec.backend is DynamicBackend.C10D
+                    else ""
+                )
+            ) from None
+
+    def _join(self) -> NodeAssignment:
+        from torch.distributed.elastic.rendezvous import api
+
+        try:
+            info = self.handler.next_rendezvous()
+        except api.RendezvousTimeoutError:
+            raise RendezvousError(
+                f"the {self.where} did not complete within "
+                f"rdzv.join_timeout={self.spec.join_timeout:g} s: fewer than "
+                f"{self.plan.nnodes.min} node(s) joined (nnodes={self.plan.nnodes}). Start the "
+                "other nodes with the same rdzv.id and rdzv.endpoint, or raise rdzv.join_timeout"
+            ) from None
+        except api.RendezvousClosedError:
+            raise RendezvousError(
+                f"the {self.where} is closed: this job already ended on another node. "
+                "Pick a new rdzv.id to start a new job"
+            ) from None
+        except Exception as exc:
+            raise RendezvousError(self._lost(exc)) from None
+        try:
+            node = self._assign_ranks(info.store, info.rank, info.world_size)
+            store_info = info.bootstrap_store_info
+            assert store_info is not None
+        except Exception as exc:
+            raise RendezvousError(self._lost(exc)) from None
+        self.store = info.store
+        self.job_store = getattr(info.store, "underlying_store", info.store)
+        state = _dynamic_state(self.handler)
+        if state is not None:
+            self._members, self._round = frozenset(state.participants), state.round
+        else:
+            self._round += 1
+        return NodeAssignment(
+            group_rank=info.rank,
+            group_world_size=info.world_size,
+            master=Endpoint(host=store_info.master_addr, port=store_info.master_port),
+            use_agent_store=self.handler.use_agent_store,
+            **node,
+        )
+
+    def _assign_ranks(self, store: Store, group_rank: int, nodes: int) -> dict[str, int]:
+        """torchrun's rank assignment: node 0 sums every node's workers, in node rank order."""
+        role, nproc = self.plan.role, self.plan.nproc_per_node
+        info = {"role": role, "rank": group_rank, "local_world_size": nproc}
+        store.set(f"{ROLE_INFO}{group_rank}", json.dumps(info))
+        if group_rank == 0:
+            infos = [
+                json.loads(raw)
+                for raw in store.multi_get([f"{ROLE_INFO}{i}" for i in range(nodes)])
+            ]
+            store.multi_set(
+                [f"{ASSIGNED_RANKS}{i}" for i in range(nodes)],
+                [json.dumps(ranks) for ranks in assign_ranks(infos)],
+            )
+        base, world, role_base, role_world = json.loads(store.get(f"{ASSIGNED_RANKS}{group_rank}"))
+        return {
+            "base_rank": base,
+            "world_size": world,
+            "role_base_rank": role_base,
+            "role_world_size": role_world,
+        }
+
+    def _blocking(self, call: Callable[[], _T], what: str) -> _T:
+        """Run a blocking torch call in a thread so that a signal still stops the agent."""
+        result: list[_T] = []
+        error: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                result.append(call())
+            except BaseException as exc:
+                error.append(exc)
+
+        thread = threading.Thread(target=target, name=f"rendezvous-{what}", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.05)
+            if self.interrupt.signum is not None:
+                raise RendezvousError(f"stopped by a signal during the rendezvous {what}")
+        if error:
+            raise error[0]
+        return result[0]
+
+    def _lost(self, exc: BaseException) -> str:
+        return (
+            f"lost the {self.where}: {_reason(exc)}. The node hosting it may have died; "
+            "run the store apart from the agents with `elastic-hydra rdzv-server`"
+            if self.spec.backend is DynamicBackend.C10D
+            else f"lost the {self.where}: {_reason(exc)}. Check that etcd is running"
+        )
+
+
+def assign_ranks(infos: list[Mapping[str, Any]]) -> list[list[int]]:
+    """[base rank, world size, base role rank, role world size] per node, in node rank order."""
+    world = sum(int(i["local_world_size"]) for i in infos)
+    role_sizes: dict[str, int] = {}
+    for info in infos:
+        role_sizes[info["role"]] = role_sizes.get(info["role"], 0) + int(info["local_world_size"])
+    out, base, role_base = [], 0, dict.fromkeys(role_sizes, 0)
+    for info in infos:
+        role = info["role"]
+        out.append([base, world, role_base[role], role_sizes[role]])
+        base += int(info["local_world_size"])
+        role_base[role] += int(info["local_world_size"])
+    return out
+
+
+def _import_torch_rendezvous(backend: DynamicBackend) -> Any:
+    try:
+        from torch.distributed.elastic import rendezvous
+        from torch.distributed.elastic.rendezvous import registry
+    except ImportError:
+        raise ConfigError(
+            "rdzv.backend",
+            "needs PyTorch, which is not installed",
+            backend.value,
+            "install it with `pip install torch` (or pick rdzv=standalone or rdzv=static)",
+        ) from None
+    if backend is not DynamicBackend.C10D:
+        try:
+            import etcd  # noqa: F401  (python-etcd, the client torch's etcd handlers use)
+        except ImportError:
+            raise ConfigError(
+                "rdzv.backend",
+                "needs the python-etcd client, which is not installed",
+                backend.value,
+                "install it with `pip install python-etcd`",
+            ) from None
+    rendezvous.registry = registry
+    return rendezvous
+
+
+def _dynamic_state(handler: object) -> Any:
+    """The shared state of torch's dynamic handler (c10d, etcd-v2); None for legacy etcd."""
+    holder = getattr(handler, "_state_holder", None)
+    return None if holder is None else holder.state
+
+
+def _node_name(node: object) -> str:
+    addr, pid = getattr(node, "addr", None), getattr(node, "pid", None)
+    return f"{addr} (agent pid {pid})" if addr is not None else str(node)
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost message of torch's wrapped errors, on one line."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+def _server(spec: Dynamic) -> str:
+    if spec.backend is DynamicBackend.C10D:
+        return "store (an agent with rdzv.is_host=true, or `elastic-hydra rdzv-server`)"
+    return "etcd server (with --enable-v2 for etcd-v2)"

@@ -1,0 +1,178 @@
+"""Real servers for tests: each helper starts one on free loopback ports and always stops it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ETCD_START_TIMEOUT = 20.0
+ETCD_STOP_TIMEOUT = 5.0
+_POLL_INTERVAL = 0.05
+_START_ATTEMPTS = 3  # a picked port can be taken by someone else before etcd binds it
+_LOG_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class EtcdServer:
+    """A running single-member etcd: `endpoint` is the client URL's "127.0.0.1:PORT"."""
+
+    endpoint: str
+    client_port: int
+    pid: int
+
+
+def find_etcd() -> str:
+    """The path of the etcd server binary, or a RuntimeError that says how to install it."""
+    found = shutil.which("etcd")
+    if found is None and os.access("/usr/bin/etcd", os.X_OK):
+        found = "/usr/bin/etcd"
+    if found is None:
+        raise RuntimeError(
+            "the etcd server binary was not found on PATH: install Debian's etcd-server "
+            "(apt-get install -y etcd-server), as CI does"
+        )
+    return found
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+def _log_tail(log_path: Path, start: int = 0) -> str:
+    """The end of `log_path`, reading only what follows byte offset `start`."""
+    try:
+        with log_path.open("rb") as log:
+            log.seek(start)
+            text = log.read().decode(errors="replace")
+    except OSError as exc:
+        return f"<no log at {log_path}: {exc}>"
+    return text[-_LOG_TAIL_CHARS:]
+
+
+def _healthy(client_url: str) -> bool:
+    """Whether etcd answers /health with a leader (so reads and writes will succeed)."""
+    try:
+        with urllib.request.urlopen(f"{client_url}/health", timeout=1.0) as response:
+            body = json.loads(response.read().decode())
+    except (OSError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("health") == "true"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group, SIGKILL it after a grace period, and reap it."""
+    # Signal the group only while the leader is unreaped, so its id cannot belong to another.
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=ETCD_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _start_etcd(
+    binary: str, data_dir: Path, log_path: Path
+) -> tuple[subprocess.Popen[bytes], int, str | None]:
+    """Start etcd once and wait until it is healthy.
+
+    Returns the process, its client port, and None when it serves; or a stopped process and the
+    reason when it exited because a picked port was taken (the caller may try again).
+    """
+    client_port, peer_port = free_ports(2)
+    client_url = f"http://127.0.0.1:{client_port}"
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    name = "test-etcd"
+    cmd = [
+        binary,
+        "--name", name,
+        "--data-dir", str(data_dir),
+        "--listen-client-urls", client_url,
+        "--advertise-client-urls", client_url,
+        "--listen-peer-urls", peer_url,
+        "--initial-advertise-peer-urls", peer_url,
+        "--initial-cluster", f"{name}={peer_url}",
+        "--initial-cluster-state", "new",
+        "--enable-v2",
+        "--logger", "zap",
+        "--log-outputs", "stderr",
+    ]  # fmt: skip
+    with log_path.open("ab") as log:
+        log_start = log.tell()
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + ETCD_START_TIMEOUT
+    try:
+        while not _healthy(client_url):
+            code = proc.poll()
+            if code is not None:
+                tail = _log_tail(log_path, log_start)
+                if "address already in use" in tail:
+                    return proc, client_port, f"a port was taken (exit status {code})"
+                raise RuntimeError(
+                    f"etcd exited with status {code} before serving on {client_url}; "
+                    f"log {log_path} ends with:\n{tail}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"etcd did not serve on {client_url} within {ETCD_START_TIMEOUT} s; "
+                    f"log {log_path} ends with:\n{_log_tail(log_path, log_start)}"
+                )
+            time.sleep(_POLL_INTERVAL)
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, client_port, None
+
+
+@contextlib.contextmanager
+def etcd_server(data_dir: Path) -> Iterator[EtcdServer]:
+    """Run a single-member etcd (v2 API enabled) in `data_dir` for the body of the `with`.
+
+    Its output goes to `<data_dir>.log` beside `data_dir`. It is stopped on exit, also when the
+    body raises: SIGTERM to its process group, SIGKILL after a grace period, then reaped.
+    """
+    binary = find_etcd()
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir.parent / f"{data_dir.name}.log"
+    reasons: list[str] = []
+    for _ in range(_START_ATTEMPTS):
+        proc, client_port, retry_reason = _start_etcd(binary, data_dir, log_path)
+        if retry_reason is None:
+            break
+        _stop(proc)
+        reasons.append(retry_reason)
+    else:
+        raise RuntimeError(
+            f"etcd could not bind its ports in {_START_ATTEMPTS} attempts ({'; '.join(reasons)}); "
+            f"log {log_path} ends with:\n{_log_tail(log_path)}"
+        )
+    try:
+        yield EtcdServer(endpoint=f"127.0.0.1:{client_port}", client_port=client_port, pid=proc.pid)
+    finally:
+        _stop(proc)
