@@ -2,6 +2,7 @@
 
 elastic-hydra [JOB.yaml] [-m] [--plan] [key=value ...] [-- SCRIPT ARGS ...]
 elastic-hydra report RUN_DIR
+elastic-hydra rdzv-server [--port P]      (see rdzv_server.py)
 """
 
 from __future__ import annotations

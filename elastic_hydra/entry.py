@@ -8,6 +8,7 @@ over as its own stop request.
 from __future__ import annotations
 
 import signal
+import sys
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -27,6 +28,10 @@ def main() -> None:
     """`elastic-hydra` and `python -m elastic_hydra`."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _record)
+    if sys.argv[1:2] == ["rdzv-server"]:  # no Hydra: the store process stays small
+        from elastic_hydra.rdzv_server import main as server_main
+
+        sys.exit(server_main(sys.argv[2:]))
     from elastic_hydra.cli import main as cli_main
 
     cli_main()

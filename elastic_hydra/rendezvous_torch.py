@@ -77,8 +77,9 @@ class TorchRendezvous:
             return Change(kind=ChangeKind.JOINED, reason=f"{waiting} node(s) waiting to join")
         if state is None:
             return None  # legacy etcd keeps no heartbeats: a departure shows as worker failures
-        # Syncing drops nodes whose last heartbeat is older than the departure bound.
-        alive = self._members & set(state.participants)
+        # Syncing drops nodes whose last heartbeat is older than the departure bound (this node
+        # included, when its own heartbeat thread ran late: that is not a departure).
+        alive = self._members & (set(state.participants) | {_this_node(self.handler)})
         if state.round == self._round and alive == self._members:
             return None
         gone = ", ".join(sorted(_node_name(n) for n in self._members - alive)) or "a node"
@@ -321,6 +322,10 @@ def _dynamic_state(handler: object) -> Any:
     """The shared state of torch's dynamic handler (c10d, etcd-v2); None for legacy etcd."""
     holder = getattr(handler, "_state_holder", None)
     return None if holder is None else holder.state
+
+
+def _this_node(handler: object) -> object:
+    return getattr(handler, "_this_node", None)
 
 
 def _node_name(node: object) -> str:

@@ -1,0 +1,243 @@
+"""Multi-node jobs on one host: real agents (separate processes), torch's rendezvous handlers over a
+real c10d store or a real etcd server, workers running gloo collectives.
+
+Node loss is a `kill -9` of a whole agent; its workers die with it (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import wait_for
+from multinode import FAST, free_port, job, rdzv_server
+from servers import EtcdServer, etcd_server
+
+AGENT_DEADLINE = 150.0  # agents and workers each import torch: ~2 s of CPU apiece on 2 cores
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    with etcd_server(tmp_path / "etcd-data") as server:
+        yield server
+
+
+def check_allreduce(records: list[dict[str, object]], world: int) -> None:
+    assert [r["rank"] for r in records] == list(range(world))
+    for record in records:
+        assert record["sum"] == record["expected"] == world * (world + 1) // 2, record
+        assert record["world_size"] == world, record
+
+
+def membership(agent_events: list[dict[str, object]], change: str) -> list[dict[str, object]]:
+    return [e for e in agent_events if e["event"] == "membership" and e["change"] == change]
+
+
+# ------------------------------------------------------------------------------ fixed size jobs
+@pytest.mark.parametrize("backend", ["c10d", "etcd-v2", "etcd"])
+def test_two_nodes_of_two_workers(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "c10d":
+        endpoint = f"127.0.0.1:{free_port()}"
+    else:
+        endpoint = request.getfixturevalue("etcd").endpoint
+    with job(tmp_path, backend, endpoint) as j:
+        for _ in range(2):
+            j.start("nnodes=2", "nproc_per_node=2", *FAST)
+        assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
+
+    records = j.world(4)
+    check_allreduce(records, 4)
+    assert sorted(r["group_rank"] for r in records) == [0, 0, 1, 1]
+    for record in records:
+        assert record["group_rank"] == record["rank"] // 2  # contiguous ranks per node
+        assert record["group_world_size"] == 2
+        assert record["run_id"] == j.run_id
+        assert record["restart_count"] == 0
+    assert len({r["master"] for r in records}) == 1  # one MASTER_ADDR:PORT for the whole job
+    for agent in j.agents:
+        summary = agent.summary()
+        assert (summary["status"], summary["attempts"], summary["run_id"]) == (
+            "succeeded",
+            1,
+            j.run_id,
+        )
+        barrier = [e for e in agent.events() if e["event"] == "exit_barrier"]
+        assert barrier and barrier[0]["completed"] is True
+
+
+# ---------------------------------------------------------------------------------- elasticity
+def test_a_node_joining_mid_run_grows_the_world_without_a_restart(tmp_path: Path) -> None:
+    with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+        env = {"EXIT_AT_WORLD": "3"}
+        for _ in range(2):
+            j.start("nnodes=1:3", "nproc_per_node=1", *FAST, env=env)
+        j.wait_world(2, AGENT_DEADLINE)
+        j.start("nnodes=1:3", "nproc_per_node=1", *FAST, env=env)
+        assert j.finish(AGENT_DEADLINE) == [0, 0, 0], j.explain()
+
+    check_allreduce(j.world(3), 3)
+    assert {r["restart_count"] for r in j.records()} == {0}  # no restart was spent, anywhere
+    first, second, _ = j.agents
+    for agent in (first, second):
+        assert membership(agent.events(), "joined"), agent.events()
+        assert agent.summary()["attempts"] == 1
+
+
+@pytest.mark.parametrize("store", ["etcd-v2", "c10d-rdzv-server"])
+def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
+    tmp_path: Path, store: str, request: pytest.FixtureRequest
+) -> None:
+    with store_for(tmp_path, store, request) as (backend, endpoint):
+        with job(tmp_path, backend, endpoint) as j:
+            release = tmp_path / "release"
+            env = {"EXIT_AT_WORLD": "2", "RELEASE": str(release)}
+            overrides = ("nnodes=2:3", "nproc_per_node=1", *FAST)
+            if backend == "c10d":
+                overrides += ("rdzv.is_host=false",)  # the store lives in the rdzv-server
+            for _ in range(3):
+                j.start(*overrides, env=env)
+            big = j.wait_world(3, AGENT_DEADLINE)
+            release.touch()  # from now on a world of 2 may finish
+            victim = j.agents[2]
+            killed_at = time.time()
+            os.kill(victim.proc.pid, signal.SIGKILL)
+            codes = j.finish(AGENT_DEADLINE)
+            assert codes == [0, 0, -signal.SIGKILL], j.explain()
+
+        check_allreduce(j.world(2), 2)
+        assert {r["restart_count"] for r in j.records()} == {0}
+        # The victim's worker died with its agent; the survivors' old workers were stopped.
+        wait_for(lambda: not any(psutil.pid_exists(r["pid"]) for r in big), 10, "old workers")
+        bound = 1 * 3  # keep_alive_interval x keep_alive_max_attempt
+        for agent in j.agents[:2]:
+            left = membership(agent.events(), "left")
+            assert left, agent.events()
+            assert left[0]["nodes"] == 2
+            noticed = float(left[0]["time"]) - killed_at  # type: ignore[arg-type]
+            # Within the bound, plus up to one heartbeat period and torch's 1 s state cache.
+            assert noticed < bound + 1 + 1 + 2, noticed
+            assert agent.summary()["status"] == "succeeded"
+
+
+# --------------------------------------------------------------------------------- failures
+def test_a_worker_failure_on_one_node_restarts_the_job_on_every_node(tmp_path: Path) -> None:
+    with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+        for _ in range(2):
+            j.start("nnodes=2", "nproc_per_node=2", "restart.max_restarts=1", *FAST,
+                    env={"FAIL_RANK": "3"})  # fmt: skip
+        assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
+
+    records = j.records()
+    assert len(records) == 8  # every rank of both nodes ran twice
+    first_pids = {r["pid"] for r in records[:4]}
+    check_allreduce(j.world(4), 4)
+    assert not first_pids & {r["pid"] for r in j.world(4)}  # all new processes, on both nodes
+    attempts = sorted(a.summary()["attempts"] for a in j.agents)
+    assert attempts == [1, 2]  # the failing node spent a restart; the other re-joined for free
+
+
+def test_every_node_names_the_job_wide_root_cause(tmp_path: Path) -> None:
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        for _ in range(2):
+            j.start("nnodes=2", "nproc_per_node=2", "rdzv.is_host=false", *FAST,
+                    env={"FAIL_RANK": "3"})  # fmt: skip
+        assert j.finish(AGENT_DEADLINE) == [1, 1], j.explain()
+
+    summaries = [a.summary() for a in j.agents]
+    failing = next(s for s in summaries if any(f["rank"] == 3 for f in s["failures"]))
+    other = next(s for s in summaries if s is not failing)
+    for summary in summaries:
+        cause = summary["root_cause"]
+        assert cause is not None, summary
+        assert (cause["rank"], cause["local_rank"], cause["node_rank"]) == (3, 1, 1)
+        assert cause["message"] == "ValueError: boom from rank 3"
+        assert cause["host"] == failing["host"]
+    # The other node's own ranks did not fail: it learned the cause from the store.
+    assert not [f for f in other["failures"] if not f["terminated_by_launcher"]]
+    assert "another node ended the job" in other["message"]
+    text = next(a for a in j.agents if a.summary() is not None and a.summary() == other).text()
+    assert "root cause  rank 3 (local rank 1) on" in text and "(node 1)" in text, text
+
+
+# ------------------------------------------------------------------------ rendezvous problems
+def test_a_rendezvous_that_never_completes_fails_at_join_timeout(tmp_path: Path) -> None:
+    with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+        j.start("nnodes=2", "nproc_per_node=1", "rdzv.join_timeout=2", *FAST)
+        assert j.finish(60) == [3], j.explain()
+    agent = j.agents[0]
+    lines = [line for line in agent.text().splitlines() if "error" in line or "rendezvous" in line]
+    assert any(
+        "did not complete within rdzv.join_timeout=2 s" in line and "nnodes=2" in line
+        for line in lines
+    ), agent.text()
+    assert "Traceback" not in agent.text()
+    assert agent.summary()["status"] == "rendezvous_failed"
+    assert not j.records()  # no worker ever started
+
+
+def test_a_closed_rendezvous_and_an_unreachable_store_are_one_line_each(tmp_path: Path) -> None:
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        fast = ("nproc_per_node=1", "rdzv.is_host=false", *FAST)
+        j.start("nnodes=2", "rdzv.join_timeout=1", *fast)
+        assert j.finish(60) == [3], j.explain()
+        j.start("nnodes=1", *fast)  # same run id: the job above closed it
+        assert j.finish(60) == [3, 3], j.explain()
+    assert "is closed: this job already ended on another node" in j.agents[1].text()
+
+    with job(tmp_path / "gone", "c10d", f"127.0.0.1:{free_port()}") as j:
+        (tmp_path / "gone").mkdir()
+        j.start("nnodes=1", "nproc_per_node=1", "rdzv.is_host=false", "rdzv.read_timeout=1")
+        assert j.finish(60) == [3], j.explain()
+    text = j.agents[0].text()
+    assert "cannot reach the c10d rendezvous" in text and "rdzv.endpoint" in text, text
+    assert "Traceback" not in text
+
+
+def test_without_torch_a_torch_backend_is_one_line_naming_the_install(tmp_path: Path) -> None:
+    shadow = tmp_path / "no-torch" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named torch')\n")
+    with job(tmp_path, "c10d", "127.0.0.1:29400") as j:
+        j.start("nnodes=2", env={"PYTHONPATH": str(shadow.parent)})
+        assert j.finish(30) == [2], j.explain()
+    lines = j.agents[0].text().strip().splitlines()
+    assert lines[-1].startswith("elastic-hydra: error: rdzv.backend: needs PyTorch"), lines
+    assert "pip install torch" in lines[-1]
+
+
+# --------------------------------------------------------------------------------------- slurm
+def test_slurm_preset_fills_nodes_endpoint_and_run_id(tmp_path: Path) -> None:
+    port = free_port()
+    slurm = {
+        "SLURM_JOB_ID": "77123",
+        "SLURM_JOB_NODELIST": "localhost,127.0.0.1",
+        "SLURM_NNODES": "2",
+    }
+    with job(tmp_path, "slurm", f":{port}") as j:
+        for node_id in range(2):
+            argv = [a for a in j.command("nproc_per_node=1", *FAST) if "rdzv.id" not in a]
+            argv += [f"logs.root={tmp_path / f'agent{node_id}'}"]
+            j.start(argv=argv, env=slurm | {"SLURM_NODEID": str(node_id)})
+        assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
+    records = j.world(2)
+    check_allreduce(records, 2)
+    assert {r["run_id"] for r in records} == {"77123"}
+    assert j.agents[0].summary()["run_id"] == "77123"
+
+
+# ------------------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def store_for(tmp: Path, store: str, request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    if store == "etcd-v2":
+        yield "etcd-v2", request.getfixturevalue("etcd").endpoint
+        return
+    with rdzv_server(tmp) as (port, _server):
+        yield "c10d", f"127.0.0.1:{port}"

@@ -1,0 +1,68 @@
+"""Test worker for multi-node jobs: a gloo all_reduce, one record line, then wait or leave.
+
+Joins the job through env:// (as a torchrun worker), all_reduces RANK + 1 and appends
+{rank, world_size, sum, ...} to `$OUT_DIR/records.jsonl`. Then:
+- FAIL_RANK=R: rank R raises ValueError("boom from rank R") on its first attempt, after the
+  all_reduce, leaving the file `$OUT_DIR/failed`; only workers started after that may exit 0;
+- it exits 0 when WORLD_SIZE == EXIT_AT_WORLD and the file $RELEASE (if set) exists;
+- otherwise it waits (at most 120 s) until the launcher stops it for the next round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def released(world_size: int, after_failure: bool) -> bool:
+    if "FAIL_RANK" in os.environ and not after_failure:
+        return False
+    if world_size != int(os.environ.get("EXIT_AT_WORLD", world_size)):
+        return False
+    release = os.environ.get("RELEASE")
+    return release is None or Path(release).exists()
+
+
+def main() -> int:
+    env = os.environ
+    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    failed_marker = Path(env["OUT_DIR"]) / "failed"
+    after_failure = failed_marker.exists()
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    dist.destroy_process_group()
+    record = {
+        "rank": rank,
+        "world_size": world_size,
+        "sum": int(value.item()),
+        "expected": world_size * (world_size + 1) // 2,
+        "group_rank": int(env["GROUP_RANK"]),
+        "group_world_size": int(env["GROUP_WORLD_SIZE"]),
+        "restart_count": int(env["TORCHELASTIC_RESTART_COUNT"]),
+        "run_id": env["TORCHELASTIC_RUN_ID"],
+        "master": f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+        "pid": os.getpid(),
+    }
+    with open(Path(env["OUT_DIR"]) / "records.jsonl", "a") as out:
+        out.write(json.dumps(record) + "\n")  # one short write: lines never interleave
+    if env.get("FAIL_RANK") == str(rank) and record["restart_count"] == 0:
+        failed_marker.touch()
+        raise ValueError(f"boom from rank {rank}")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if released(world_size, after_failure):
+            return 0
+        time.sleep(0.05)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
