@@ -31,7 +31,7 @@ def main(argv: Sequence[str]) -> int:
     # Block the stop signals first: from here they wait for sigwait instead of being lost.
     signal.pthread_sigmask(signal.SIG_BLOCK, entry.STOP_SIGNALS)
     try:
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         print(f"{PREFIX}: needs PyTorch: pip install torch", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ RendezvousHandler = Any
 ROLE_INFO = "torchelastic/role_info/"
 ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
 EXIT_BARRIER = "torchelastic/agent/terminal_state"
+MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
 # Ours: every node's failure records, job-wide, in the store that outlives the rounds.
 FAILURES = "elastic_hydra/{run_id}/failures"
 
@@ -57,6 +58,7 @@ class TorchRendezvous:
         self.store: Store | None = None  # this round's store
         self.job_store: Store | None = None  # the store under every round's prefix
         self._members: frozenset[object] = frozenset()
+        self._worker_store: Store | None = None  # node 0 after a membership change: see _master
         self._round = -1
         self.handler: RendezvousHandler = self._blocking(self._create_handler, "connect")
 
@@ -206,9 +208,8 @@ class TorchRendezvous:
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
         try:
+            master = self._master(info)  # first: a joining node's torch handler waits for it
             node = self._assign_ranks(info.store, info.rank, info.world_size)
-            store_info = info.bootstrap_store_info
-            assert store_info is not None
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
         self.store = info.store
@@ -221,7 +222,7 @@ class TorchRendezvous:
         return NodeAssignment(
             group_rank=info.rank,
             group_world_size=info.world_size,
-            master=Endpoint(host=store_info.master_addr, port=store_info.master_port),
+            master=master,
             use_agent_store=self.handler.use_agent_store,
             **node,
         )
@@ -247,6 +248,28 @@ class TorchRendezvous:
             "role_base_rank": role_base,
             "role_world_size": role_world,
         }
+
+    def _master(self, info: Any) -> Endpoint:
+        """MASTER_ADDR/PORT of this round, the same on every node, on a store fresh to the round.
+
+        torch's handler publishes them only when it first builds them, then hands the workers the
+        same agent store in every round: a node joining a later round would wait for the keys
+        forever, and workers restarted by a membership change (same restart count, so the same
+        key prefix) would read the previous round's keys. So in a round where torch published
+        nothing, node 0 starts a fresh store for the workers and publishes it; the others read.
+        """
+        store = info.store
+        if info.rank == 0 and not store.check([MASTER_ADDR]):
+            from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
+
+            addr = info.bootstrap_store_info.master_addr
+            self._worker_store = TCPStore(
+                addr, 0, is_master=True, multi_tenant=True, wait_for_workers=False
+            )
+            store.set(MASTER_ADDR, addr.encode())
+            store.set(MASTER_PORT, str(self._worker_store.port).encode())
+        addr = store.get(MASTER_ADDR).decode()
+        return Endpoint(host=addr, port=int(store.get(MASTER_PORT).decode()))
 
     def _blocking(self, call: Callable[[], _T], what: str) -> _T:
         """Run a blocking torch call in a thread so that a signal still stops the agent."""
