@@ -16,6 +16,7 @@ from datetime import timedelta
 from elastic_hydra import entry
 
 PREFIX = "elastic-hydra rdzv-server"
+ERR = sys.stderr
 
 
 def main(argv: Sequence[str]) -> int:
@@ -26,14 +27,14 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--port", type=int, default=29400, help="0 picks a free port (printed)")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
-        print(f"{PREFIX}: --port: out of range (got {args.port}); expected 0..65535", file=sys.stderr)
+        print(f"{PREFIX}: --port: out of range (got {args.port}); expected 0..65535", file=ERR)
         return 2
     # Block the stop signals first: from here they wait for sigwait instead of being lost.
     signal.pthread_sigmask(signal.SIG_BLOCK, entry.STOP_SIGNALS)
     try:
         from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
-        print(f"{PREFIX}: needs PyTorch: pip install torch", file=sys.stderr)
+        print(f"{PREFIX}: needs PyTorch: pip install torch", file=ERR)
         return 2
     try:
         store = TCPStore(
@@ -48,7 +49,7 @@ def main(argv: Sequence[str]) -> int:
         reason = " ".join(str(exc).split())
         print(
             f"{PREFIX}: --port: cannot listen on {args.port} ({reason}); pick a free port",
-            file=sys.stderr,
+            file=ERR,
         )
         return 2
     # torch's TCPStore listens on every interface, without authentication.

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 from elastic_hydra.env import NodeAssignment
@@ -126,23 +129,39 @@ class TorchRendezvous:
 
         Returns the seconds waited, or None when it gave up: timeout, a node left, a signal.
         """
-        if self.store is None or self.node is None:
+        store, node = self.store, self.node
+        if store is None or node is None:
             return 0.0
         started = time.monotonic()
         last = f"{EXIT_BARRIER}/last_member"
+
+        def done(wait: float = 0.0) -> bool:
+            """Whether the last node arrived; a blocking wait wakes the moment it does."""
+            try:
+                if wait:
+                    store.wait([last], timedelta(seconds=wait))
+                    return True
+                return bool(store.check([last]))
+            except Exception:  # not yet (the wait timed out), or the store is gone
+                return False
+
         try:
-            if self.store.add(f"{EXIT_BARRIER}/num_members", 1) == self.node.group_world_size:
-                self.store.set(last, "<val_ignored>")
-            while time.monotonic() - started < self.spec.exit_barrier_timeout:
-                if self.store.check([last]):
-                    return time.monotonic() - started
-                if self.interrupt.signum is not None:
-                    return None
-                if (change := self.poll()) is not None and change.kind is not ChangeKind.JOINED:
-                    return None
-                time.sleep(0.05)
+            if store.add(f"{EXIT_BARRIER}/num_members", 1) == node.group_world_size:
+                store.set(last, "<val_ignored>")
         except Exception:
             return None
+        while time.monotonic() - started < self.spec.exit_barrier_timeout:
+            if done(wait=0.2):
+                return time.monotonic() - started
+            if self.interrupt.signum is not None:
+                return None
+            try:
+                change = self.poll()
+            except RendezvousError:
+                change = Change(kind=ChangeKind.CLOSED, reason="the store is gone")
+            if change is not None and change.kind is not ChangeKind.JOINED:
+                # The last node may have passed the barrier and closed the job meanwhile.
+                return time.monotonic() - started if done() else None
         return None
 
     def shutdown(self) -> None:
@@ -317,9 +336,11 @@ def assign_ranks(infos: list[Mapping[str, Any]]) -> list[list[int]]:
 
 
 def _import_torch_rendezvous(backend: DynamicBackend) -> Any:
+    verbose = os.environ.get("ELASTIC_HYDRA_FULL_ERROR") == "1"
     try:
-        from torch.distributed.elastic import rendezvous
-        from torch.distributed.elastic.rendezvous import registry
+        with _quiet_torch_cpp(not verbose):
+            from torch.distributed.elastic import rendezvous
+            from torch.distributed.elastic.rendezvous import registry
     except ImportError:
         raise ConfigError(
             "rdzv.backend",
@@ -337,8 +358,26 @@ def _import_torch_rendezvous(backend: DynamicBackend) -> Any:
                 backend.value,
                 "install it with `pip install python-etcd`",
             ) from None
+    if not verbose:  # our one-line errors say what failed; torch's warnings repeat it
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     rendezvous.registry = registry
     return rendezvous
+
+
+@contextlib.contextmanager
+def _quiet_torch_cpp(quiet: bool) -> Iterator[None]:
+    """Load torch with its C++ log level at FATAL (read once, at load) unless the user set it.
+
+    The variable is set only while torch loads: workers never see it.
+    """
+    if not quiet or "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        yield
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
 
 
 def _dynamic_state(handler: object) -> Any:
@@ -360,7 +399,7 @@ def _reason(exc: BaseException) -> str:
     """The innermost message of torch's wrapped errors, on one line."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
     return text if len(text) < 300 else text[:297] + "..."
 
 

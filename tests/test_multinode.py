@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import WORKERS, wait_for
 from multinode import FAST, free_port, job, rdzv_server
 from servers import EtcdServer, etcd_server
 
@@ -241,3 +242,33 @@ def store_for(tmp: Path, store: str, request: pytest.FixtureRequest) -> Iterator
         return
     with rdzv_server(tmp) as (port, _server):
         yield "c10d", f"127.0.0.1:{port}"
+
+
+# ------------------------------------------------------------------------------------- interop
+def test_an_elastic_hydra_agent_and_a_torchrun_agent_form_one_job(tmp_path: Path) -> None:
+    port = free_port()
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        j.start("nnodes=2", "nproc_per_node=2", *FAST)
+        torchrun = [
+            str(Path(sys.executable).with_name("torchrun")),
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id={j.run_id}",
+            "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3",
+            "--local-addr=127.0.0.1",
+            str(WORKERS / "elastic.py"),
+        ]
+        j.start(argv=torchrun)
+        assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
+
+    records = j.world(4)
+    check_allreduce(records, 4)
+    assert {r["run_id"] for r in records} == {j.run_id}
+    assert len({r["master"] for r in records}) == 1
+    ours = j.agents[0].summary()
+    assert ours["status"] == "succeeded"
+    # Both agents leave through the same exit barrier: neither waits for a timeout.
+    barrier = [e for e in j.agents[0].events() if e["event"] == "exit_barrier"]
+    assert barrier and barrier[0]["completed"] is True
