@@ -6,6 +6,7 @@ scripted exit (or to a scripted signal, or by `timeout`), so every test runs in 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import signal
 from collections.abc import Mapping
@@ -703,6 +704,72 @@ def test_failure_after_a_membership_change_spends_the_first_restart() -> None:
     # The launcher-stopped workers of round 0 are never the root cause of round 1's failure.
     assert outcome.root_cause is not None
     assert (outcome.root_cause.rank, outcome.root_cause.returncode) == (0, 9)
+
+
+def test_a_departed_node_rerendezvous_without_spending_a_restart() -> None:
+    left = Change(kind=ChangeKind.LEFT, reason="node b left the job", nodes=1)
+    rdzv = FakeRendezvous([assignment(nodes=2), assignment(nodes=1)], changes=[None, left])
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=0))
+    h = harness({0: {}, 1: ALL_SUCCEED[0]}, plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.SUCCEEDED
+    assert [c.restart_count for c in h.factory.calls] == [0, 0]
+    assert [c.env["WORLD_SIZE"] for c in h.factory.calls] == ["4", "2"]
+    (event,) = h.observer.of(EventKind.MEMBERSHIP)
+    assert event == {"change": "left", "reason": "node b left the job", "nodes": 1}
+
+
+def test_fewer_nodes_than_the_minimum_stop_the_job_with_the_rendezvous_exit_code() -> None:
+    left = Change(kind=ChangeKind.LEFT, reason="node b left the job", nodes=1)
+    rdzv = FakeRendezvous([assignment(nodes=2)], changes=[left])
+    plan = dataclasses.replace(make_plan(dynamic=True), nnodes=NodeRange(min=2, max=3))
+    h = harness({0: {}}, plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.RENDEZVOUS_FAILED
+    assert outcome.exit_code == 3
+    assert outcome.reason.startswith("node b left the job; 1 node(s) remain, fewer than the")
+    assert "nnodes=2:3" in outcome.reason
+    assert all(e.terminated_by_launcher for e in outcome.exits)  # nobody failed: none blamed
+    assert len(h.factory.calls) == 1
+
+
+def test_a_job_ended_on_another_node_fails_here_without_a_restart() -> None:
+    closed = Change(kind=ChangeKind.CLOSED, reason="another node ended the job")
+    rdzv = FakeRendezvous([assignment(nodes=2)], changes=[closed])
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=3))
+    h = harness({0: {}}, plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert (outcome.status, outcome.exit_code) == (Status.FAILED, 1)
+    assert outcome.reason == "another node ended the job"
+    assert len(h.factory.calls) == 1
+    assert EventKind.RESTART not in h.observer.kinds
+
+
+def test_a_lost_store_while_running_stops_the_workers_with_the_rendezvous_exit_code() -> None:
+    rdzv = FakeRendezvous([assignment(nodes=2)], changes=[RendezvousError("lost the store")])
+    h = harness({0: {}}, plan=make_plan(dynamic=True), rdzv=rdzv)
+    outcome = h.run()
+
+    assert (outcome.status, outcome.exit_code, outcome.reason) == (
+        Status.RENDEZVOUS_FAILED,
+        3,
+        "lost the store",
+    )
+    (group,) = h.factory.groups
+    assert group.stops and group.closed
+
+
+def test_real_failures_are_published_to_the_other_nodes_and_stopped_ranks_are_not() -> None:
+    rdzv = FakeRendezvous([assignment(nodes=2)])
+    plan = make_plan(dynamic=True)
+    h = harness(fail_every_round(1), plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert [(e.rank, e.returncode) for e in rdzv.published] == [(1, 1)]
 
 
 # -------------------------------------------------------------------------------------- events

@@ -534,3 +534,57 @@ def test_env_and_hp_take_new_keys_without_plus(
     plan = resolve_config(compose_job(inv), run_dir="")
     assert ("NCCL_DEBUG", "INFO") in plan.env
     assert plan.argv[-1] == "0.1"
+
+
+# ------------------------------------------------------------------------------------ slurm
+def test_slurm_preset_reads_the_allocation(job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SLURM_ENV.items():
+        monkeypatch.setenv(name, value)
+    plan = plan_of(T, "rdzv=slurm")
+    assert isinstance(plan.rdzv, Dynamic)
+    assert plan.rdzv.backend.value == "c10d"
+    assert str(plan.rdzv.endpoint) == "node01:29400"  # the first of node[01-03,07]
+    assert plan.nnodes == NodeRange(min=4, max=4)
+    assert plan.run_id == "4242"
+
+    other = plan_of(T, "rdzv=slurm", "rdzv.endpoint=:31000", "nnodes=2:4", "rdzv.id=mine")
+    assert isinstance(other.rdzv, Dynamic)
+    assert str(other.rdzv.endpoint) == "node01:31000"
+    assert (other.nnodes, other.run_id) == (NodeRange(min=2, max=4), "mine")
+    elsewhere = plan_of(T, "rdzv=slurm", "rdzv.endpoint=svc0:29500").rdzv
+    assert isinstance(elsewhere, Dynamic) and str(elsewhere.endpoint) == "svc0:29500"
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        pytest.param({}, "needs a Slurm allocation (SLURM_JOB_ID is not set)", id="outside"),
+        pytest.param(
+            SLURM_ENV | {"SLURM_NNODES": "3"}, "names 4 nodes but SLURM_NNODES='3'", id="count"
+        ),
+        pytest.param(SLURM_ENV | {"SLURM_JOB_NODELIST": "n[3-1]"}, "reversed range", id="list"),
+    ],
+)
+def test_slurm_preset_errors_are_one_line(
+    job_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    env: dict[str, str],
+    fragment: str,
+) -> None:
+    for name in SLURM_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert run_main([T, "rdzv=slurm", "--plan"]) == EXIT_CONFIG
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("elastic-hydra: error: rdzv.backend: ") and fragment in line, line
+
+
+def test_torch_rendezvous_timeouts_are_whole_seconds(
+    job_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_main([T, "rdzv=c10d", "rdzv.join_timeout=2.5", "--plan"]) == EXIT_CONFIG
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "rdzv.join_timeout: torch's rendezvous takes whole seconds (got 2.5)" in line
+    assert "e.g. rdzv.join_timeout=2" in line
