@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 from procs import (
@@ -19,17 +22,25 @@ from procs import (
     alive,
     count_stamps,
     expect_exit,
+    free_port,
     launched,
     read_stamp,
+    wait_for,
     wait_until,
 )
-from workloads import Launcher, command, worker_env
+from workloads import C10d, Launcher, command, worker_env
 
 MEMORY_NPROC = 4
 MEMORY_SLEEP_S = 5.0
 LOGS_NPROC = 4
 SHUTDOWN_NPROC = 4
 SAMPLE_S = 0.005
+# Departure: a node without a heartbeat for keep_alive_interval x keep_alive_max_attempt has left.
+DEPARTURE_OVERRIDES = (
+    "rdzv.keep_alive_interval=1",
+    "rdzv.keep_alive_max_attempt=3",
+    "rdzv.last_call_timeout=1",
+)
 
 # torchrun's error line, e.g. "E1122 00:24:04.772000 5510 .../api.py:1003] failed (exitcode: 1) ..."
 TORCHRUN_FAILED = re.compile(
@@ -87,17 +98,29 @@ def run_restart(launcher: Launcher, bench: Bench, nproc: int) -> dict[str, float
     }
 
 
-def _event_time(run_dir: Path) -> float:
-    """The time of elastic-hydra's first `worker_exited` event for a real (non-zero) failure."""
+def _events(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """elastic-hydra's events from every events.jsonl under `run_dir`/eh_logs, in file order.
+
+    A line still being written (the last one, read while the agent runs) ends the file early.
+    """
     for events in (run_dir / "eh_logs").rglob("events.jsonl"):
         for line in events.read_text().splitlines():
-            event = json.loads(line)
-            if (
-                event.get("event") == "worker_exited"
-                and event.get("returncode") not in (0, None)
-                and not event.get("terminated_by_launcher")
-            ):
-                return float(event["time"])
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            yield event
+
+
+def _event_time(run_dir: Path) -> float:
+    """The time of elastic-hydra's first `worker_exited` event for a real (non-zero) failure."""
+    for event in _events(run_dir):
+        if (
+            event.get("event") == "worker_exited"
+            and event.get("returncode") not in (0, None)
+            and not event.get("terminated_by_launcher")
+        ):
+            return float(event["time"])
     raise BenchError("no worker_exited event for the failure in events.jsonl")
 
 
@@ -187,3 +210,75 @@ def run_shutdown(launcher: Launcher, bench: Bench, nproc: int) -> dict[str, floa
         if not done:
             raise BenchError("shutdown: launcher or workers still running after SIGTERM")
     return {"shutdown": took}
+
+
+def run_rendezvous(launcher: Launcher, bench: Bench, nodes: int) -> dict[str, float]:
+    """`nodes` agents x 1 worker over c10d, started back to back; last agent to last worker."""
+    run_dir, stamps = bench.fresh("rendezvous")
+    rdzv = C10d(nnodes=str(nodes), endpoint=f"127.0.0.1:{free_port()}", run_id=run_dir.name)
+    env = worker_env("start", stamps)
+    with contextlib.ExitStack() as stack:
+        agents = []
+        for node in range(nodes):
+            cmd = command(launcher, bench.worker, 1, run_dir / f"node{node}", rdzv=rdzv)
+            last_start = time.time()
+            agents.append(stack.enter_context(launched(cmd, cwd=run_dir, env=env)))
+        for node, agent in enumerate(agents):
+            expect_exit(agent, (0,), f"rendezvous agent {node}")
+    started = [read_stamp(stamps / f"start_0_{rank}")[0] for rank in range(nodes)]
+    return {f"rendezvous@{nodes}": max(started) - last_start}
+
+
+def run_departure(launcher: Launcher, bench: Bench, nodes: int) -> dict[str, float]:
+    """elastic-hydra only: nnodes=1:`nodes`; SIGKILL the last agent once every worker runs, until
+    agent 0 records the departure (a `membership` event with `change: left`)."""
+    if launcher != "elastic-hydra":
+        raise BenchError("departure: torchrun has no equivalent (it never notices)")
+    run_dir, stamps = bench.fresh("departure")
+    rdzv = C10d(nnodes=f"1:{nodes}", endpoint=f"127.0.0.1:{free_port()}", run_id=run_dir.name)
+    node_dirs = [run_dir / f"node{node}" for node in range(nodes)]
+    env = worker_env("hold", stamps)
+    with contextlib.ExitStack() as stack:
+        agents = []
+        for node, node_dir in enumerate(node_dirs):
+            # Agent 0 hosts the c10d store: the agent killed later does not take it along.
+            is_host = "true" if node == 0 else "false"
+            cmd = command(launcher, bench.worker, 1, node_dir, rdzv=rdzv)
+            cmd += [*DEPARTURE_OVERRIDES, f"rdzv.is_host={is_host}"]
+            agents.append(stack.enter_context(launched(cmd, cwd=run_dir, env=env)))
+        pids = wait_for(lambda: _workers(node_dirs, stamps), RUN_TIMEOUT_S, interval=0.05)
+        if pids is None:
+            raise BenchError(f"departure: the workers of all {nodes} agents never ran together")
+        victims = pids[-1]
+        killed = time.time()
+        agents[-1].send_signal(signal.SIGKILL)
+        left = wait_for(lambda: _left_time(node_dirs[0]), RUN_TIMEOUT_S, interval=0.01)
+        if left is None:
+            raise BenchError("departure: agent 0 never recorded the killed agent leaving")
+        if not wait_until(lambda: not any(alive(pid) for pid in victims), 5.0):
+            raise BenchError("departure: the killed agent's workers outlived it")
+    return {f"departure@{nodes}": left - killed}
+
+
+def _workers(node_dirs: list[Path], stamps: Path) -> list[list[int]] | None:
+    """Each agent's worker pids once every agent's latest round has all the agents and its
+    workers were started (none exited since) and wrote their start stamps; otherwise None."""
+    stamped = {read_stamp(path)[1] for path in stamps.glob("start_*")}
+    pids = []
+    for node_dir in node_dirs:
+        match list(_events(node_dir))[-2:]:
+            case [{"event": "rendezvous", "nodes": n}, {"event": "workers_started", "pids": p}]:
+                if n != len(node_dirs) or not stamped.issuperset(p):
+                    return None
+                pids.append([int(pid) for pid in p])
+            case _:
+                return None
+    return pids
+
+
+def _left_time(run_dir: Path) -> float | None:
+    """The time of the agent's first `membership` event with `change: left`, if any."""
+    for event in _events(run_dir):
+        if event.get("event") == "membership" and event.get("change") == "left":
+            return float(event["time"])
+    return None

@@ -5,15 +5,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import psutil
 
 RUN_TIMEOUT_S = 120.0
+
+_T = TypeVar("_T")
 
 
 class BenchError(RuntimeError):
@@ -76,14 +79,25 @@ def sweep(marker: str) -> list[int]:
     return [p.pid for p in found]
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(value: Callable[[], _T | None], timeout: float, interval: float = 0.002) -> _T | None:
+    """Poll `value` until it returns something (that) or `timeout` seconds pass (None)."""
+    deadline = time.monotonic() + timeout
+    while (result := value()) is None and time.monotonic() < deadline:
+        time.sleep(interval)
+    return result
+
+
 def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.002) -> bool:
     """Poll `condition` until it holds (True) or `timeout` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return condition()
+    return wait_for(lambda: True if condition() else None, timeout, interval) is not None
 
 
 def read_stamp(path: Path) -> tuple[float, int]:

@@ -4,9 +4,10 @@
 
 Every workload runs both launchers alternately (elastic-hydra, torchrun, elastic-hydra, ...) after
 one warm-up pair that is discarded; workers are plain Python scripts that never import torch, so
-what is measured is the launchers' own overhead. Writes results/latest.md, latest.json and
-latest.svg next to this file and prints the Markdown table. Metric families for --only: launch,
-restart, detection, memory (peak RSS and CPU), logs, shutdown, rendezvous (n/a for now).
+what is measured is the launchers' own overhead. Writes latest.md, latest.json and latest.svg
+into --out (default: results/ next to this file) and prints the Markdown table. Metric families
+for --only: launch, restart, detection, memory (peak RSS and CPU), logs, shutdown, rendezvous
+(several agents on this host over c10d), departure (elastic-hydra only: a killed agent noticed).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from measure import (
     MEMORY_NPROC,
     SHUTDOWN_NPROC,
     Bench,
+    run_departure,
     run_launch,
     run_logs,
     run_memory,
+    run_rendezvous,
     run_restart,
     run_shutdown,
 )
@@ -46,13 +49,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 @dataclass(frozen=True)
 class Workload:
-    """One kind of run, the metric families it measures, and its sizes (nproc)."""
+    """One kind of run, the metric families it measures, its sizes (nproc, or agents for the
+    multi-agent workloads) and the launchers it compares."""
 
     name: str
     families: frozenset[str]
     measure: Callable[[Launcher, Bench, int], dict[str, float]]
     sizes: tuple[int, ...]
     quick_sizes: tuple[int, ...]
+    launchers: tuple[Launcher, ...] = LAUNCHERS
 
 
 WORKLOADS = (
@@ -61,6 +66,8 @@ WORKLOADS = (
     Workload("memory", frozenset({"memory"}), run_memory, (MEMORY_NPROC,), (MEMORY_NPROC,)),
     Workload("logs", frozenset({"logs"}), run_logs, (LOGS_NPROC,), (LOGS_NPROC,)),
     Workload("shutdown", frozenset({"shutdown"}), run_shutdown, (SHUTDOWN_NPROC,), (4,)),
+    Workload("rendezvous", frozenset({"rendezvous"}), run_rendezvous, (2, 4, 8), (2, 4)),
+    Workload("departure", frozenset({"departure"}), run_departure, (2,), (2,), ("elastic-hydra",)),
 )
 
 
@@ -70,6 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer runs, smaller sizes")
     parser.add_argument(
         "--only", default=",".join(FAMILIES), help=f"metric families: {','.join(FAMILIES)}"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help=f"where latest.* go (default {RESULTS})"
     )
     args = parser.parse_args(argv)
     args.families = [f.strip() for f in args.only.split(",") if f.strip()]
@@ -124,7 +134,7 @@ def run_workload(
 ) -> None:
     """Warm-up pair, then `runs` pairs A B A B; file each measurement under its metric key."""
     for i in range(runs + 1):
-        for launcher in LAUNCHERS:
+        for launcher in workload.launchers:
             tag = f"{workload.name} nproc={nproc} {'warm-up' if i == 0 else f'run {i}'} {launcher}"
             try:
                 values = workload.measure(launcher, bench, nproc)
@@ -173,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             sweep(str(root))
     samples = {k: v for k, v in samples.items() if metric_of(k).family in args.families}
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
-    text = write(RESULTS, meta, samples, args.families)
-    write_svg(RESULTS / "latest.svg", rows(samples))
+    text = write(args.out, meta, samples)
+    write_svg(args.out / "latest.svg", rows(samples))
     print(text)
-    print(f"wrote {RESULTS}/latest.md, latest.json, latest.svg in {meta['elapsed_s']} s")
+    print(f"wrote {args.out}/latest.md, latest.json, latest.svg in {meta['elapsed_s']} s")
     return 1 if meta["errors"] or meta["leftovers"] else 0
 
 

@@ -1,4 +1,5 @@
-"""A hand-written SVG: grouped bars (median, min-max whisker) of launch time and restart gap."""
+"""A hand-written SVG: grouped bars (median, min-max whisker) of launch time, restart gap and
+rendezvous time."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def _nice_max(value: float) -> float:
     return nice
 
 
-def _panel(x0: float, title: str, rows: list[dict[str, Any]], unit: str) -> list[str]:
-    """One chart: a group of two bars per nproc."""
+def _panel(x0: float, title: str, rows: list[dict[str, Any]], unit: str, group: str) -> list[str]:
+    """One chart: a group of two bars per size, labelled `group` with {n} the size."""
     out = [
         f'<text x="{x0 + PANEL_W / 2}" y="22" text-anchor="middle" font-weight="bold">'
         f"{escape(title)}</text>"
@@ -70,7 +71,7 @@ def _panel(x0: float, title: str, rows: list[dict[str, Any]], unit: str) -> list
             ]
         out.append(
             f'<text x="{center:.1f}" y="{base_y + 16}" text-anchor="middle" font-size="11">'
-            f"nproc {row['nproc']}</text>"
+            f"{escape(group.format(n=row['nproc']))}</text>"
         )
     out.append(
         f'<line x1="{x0 + LEFT}" y1="{base_y}" x2="{x0 + LEFT + plot_w}" y2="{base_y}" '
@@ -84,17 +85,19 @@ def _pick(table: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
 
 
 def write_svg(path: Path, table: list[dict[str, Any]]) -> None:
-    """Launch time per nproc and restart gap per nproc, both launchers, side by side."""
+    """Launch time and restart gap per nproc, rendezvous time per agent count, both launchers,
+    side by side."""
     panels = [
-        ("Launch: trivial job wall time", _pick(table, "launch@")),
-        ("Restart gap: failure to all restarted", _pick(table, "restart_gap@")),
+        ("Launch: trivial job wall time", _pick(table, "launch@"), "nproc {n}"),
+        ("Restart gap: failure to all restarted", _pick(table, "restart_gap@"), "nproc {n}"),
+        ("Rendezvous: last agent to all running", _pick(table, "rendezvous@"), "{n} agents"),
     ]
-    panels = [(title, rows) for title, rows in panels if rows]
+    panels = [panel for panel in panels if panel[1]]
     width = PANEL_W * max(len(panels), 1)
     height = PANEL_H + 24
     body: list[str] = []
-    for i, (title, rows) in enumerate(panels):
-        body += _panel(i * PANEL_W, title, rows, "seconds (median, min-max)")
+    for i, (title, rows, group) in enumerate(panels):
+        body += _panel(i * PANEL_W, title, rows, "seconds (median, min-max)", group)
     legend_y = PANEL_H + 10
     for i, name in enumerate(LAUNCHERS):
         x = 20 + i * 150

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -50,6 +51,7 @@ def wait_all_started(deadline):
 
 
 stamp(f"start_{{attempt}}_{{rank}}", t0)
+# mode "start": the start stamp alone, then exit 0.
 if mode == "fail":
     if attempt == "0" and rank == "0":
         wait_all_started(t0 + 30)
@@ -74,6 +76,15 @@ def write_worker(directory: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class C10d:
+    """A c10d rendezvous on this host shared by several agents (otherwise: standalone)."""
+
+    nnodes: str  # "N" or "MIN:MAX"
+    endpoint: str  # 127.0.0.1:PORT
+    run_id: str
+
+
 def command(
     launcher: Launcher,
     script: Path,
@@ -82,6 +93,7 @@ def command(
     *,
     max_restarts: int = 0,
     tee: bool = False,
+    rdzv: C10d | None = None,
 ) -> list[str]:
     """The command line that runs `script` on `nproc` local workers under `launcher`.
 
@@ -94,18 +106,27 @@ def command(
         tee: copy the workers' output to the launcher's stdout (elastic-hydra's default `logs=tee`,
             torchrun's `--tee 3`); otherwise elastic-hydra runs with `logs=quiet` and torchrun
             lets the workers inherit its (discarded) stdout.
+        rdzv: join this c10d rendezvous as one of several agents; None: a standalone job.
 
     Returns:
         The argv, both launchers run by the same interpreter as modules.
     """
     if launcher == "elastic-hydra":
+        rdzv_args = [] if rdzv is None else [
+            f"nnodes={rdzv.nnodes}", "rdzv=c10d", f"rdzv.endpoint={rdzv.endpoint}",
+            f"rdzv.id={rdzv.run_id}", "local_addr=127.0.0.1",
+        ]  # fmt: skip
         return [
             sys.executable, "-m", "elastic_hydra", f"script={script}", f"nproc_per_node={nproc}",
-            f"restart.max_restarts={max_restarts}", f"logs.root={run_dir / 'eh_logs'}",
-            *([] if tee else ["logs=quiet"]),
+            *rdzv_args, f"restart.max_restarts={max_restarts}",
+            f"logs.root={run_dir / 'eh_logs'}", *([] if tee else ["logs=quiet"]),
         ]  # fmt: skip
+    rdzv_args = ["--standalone"] if rdzv is None else [
+        f"--nnodes={rdzv.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.endpoint}",
+        f"--rdzv-id={rdzv.run_id}", "--local-addr=127.0.0.1",
+    ]  # fmt: skip
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        sys.executable, "-m", "torch.distributed.run", *rdzv_args, f"--nproc-per-node={nproc}",
         f"--max-restarts={max_restarts}", f"--log-dir={run_dir / 'torchrun_logs'}",
         *(["--tee", "3"] if tee else []), str(script),
     ]  # fmt: skip

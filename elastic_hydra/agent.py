@@ -19,7 +19,7 @@ from typing import IO, Any
 from elastic_hydra import entry, render
 from elastic_hydra.capture import read_failure
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
-from elastic_hydra.errors import RendezvousError
+from elastic_hydra.errors import ConfigError, RendezvousError
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor, Rendezvous
 from elastic_hydra.logpump import ConsoleSink, drain
@@ -91,16 +91,22 @@ class RealClock:
 
 
 class EventLog:
-    """Appends each event to events.jsonl as it happens (flushed: nothing lost if killed)."""
+    """Appends each event to events.jsonl as it happens (flushed: nothing lost if killed).
 
-    def __init__(self, path: Path) -> None:
+    `echo` also shows the membership story (joining, nodes joining or leaving) on the console.
+    """
+
+    def __init__(self, path: Path, echo: bool = False) -> None:
         self.file: IO[str] = path.open("a", buffering=1)
         self.events: list[Event] = []
+        self.echo = echo
 
     def emit(self, kind: EventKind, **data: Any) -> None:
         event = Event(kind=kind, wall_time=time.time(), mono_time=time.monotonic(), data=data)
         self.events.append(event)
         self.file.write(event.to_json() + "\n")
+        if self.echo:
+            render.print_progress(event)
 
     def close(self) -> None:
         self.file.close()
@@ -218,7 +224,7 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     run_dir.root.mkdir(parents=True, exist_ok=True)
     started, started_at = time.monotonic(), time.time()
     flag = StopFlag(entry.pending_signal())
-    events = EventLog(run_dir.events)
+    events = EventLog(run_dir.events, echo=isinstance(plan.rdzv, Dynamic) and not plan.logs.quiet)
     rdzv: Rendezvous | None = None
     outcome: RunOutcome | None = None
     job_failures: list[dict[str, Any]] = []
@@ -239,6 +245,10 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
                     stop=flag,
                 ).run()
                 job_failures = end_rendezvous(rdzv, outcome, events)
+    except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
+        error = {"status": "config_error", "exit_code": exc.exit_code, "message": exc.line()}
+        run_dir.summary.write_text(json.dumps(error, indent=2) + "\n")
+        raise
     except BaseException as exc:  # a bug in the launcher: still leave a summary behind
         error = {"status": "error", "exit_code": 70, "message": f"{type(exc).__name__}: {exc}"}
         run_dir.summary.write_text(json.dumps(error, indent=2) + "\n")

@@ -10,6 +10,7 @@ from typing import Any
 
 
 class EventKind(enum.Enum):
+    JOINING = "joining"  # the agent waits for a rendezvous round to complete
     RENDEZVOUS = "rendezvous"  # a rendezvous round completed
     WORKERS_STARTED = "workers_started"  # pids of the attempt's workers
     WORKER_EXITED = "worker_exited"  # exit code or signal of one worker

@@ -161,6 +161,7 @@ class Executor:
                 return self._finish(Status.FAILED, self.state.reason)
 
     def _rendezvous(self) -> NodeAssignment:
+        self.observer.emit(EventKind.JOINING, round=self.state.rounds)
         node = self.rdzv.next_round()
         self.observer.emit(
             EventKind.RENDEZVOUS,

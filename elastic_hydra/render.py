@@ -23,6 +23,7 @@ from rich.traceback import Stack as RichStack
 from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
+from elastic_hydra.events import Event, EventKind
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
 
@@ -162,6 +163,24 @@ def print_outcome(summary: Mapping[str, Any], *, quiet: bool = False) -> None:
             )
         return
     _print(out, outcome_report(summary, plain=not out.is_terminal, width=out.width))
+
+
+def print_progress(event: Event) -> None:
+    """One line on stderr for the steps of a multi-node job that otherwise look like a hang."""
+    d = event.data
+    match event.kind:
+        case EventKind.JOINING:
+            text = f"elastic-hydra: joining the rendezvous (round {d['round']})"
+        case EventKind.RENDEZVOUS:
+            text = (
+                f"elastic-hydra: node {d['node_rank']} of {d['nodes']}, world size "
+                f"{d['world_size']}, master {d['master']}"
+            )
+        case EventKind.MEMBERSHIP:
+            text = f"elastic-hydra: {d['reason']}"
+        case _:
+            return
+    console(stderr=True).print(text, soft_wrap=True, highlight=False, markup=False)
 
 
 def _print(out: Console, *renderables: RenderableType) -> None:

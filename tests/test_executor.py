@@ -644,7 +644,7 @@ def test_rendezvous_error_fails_with_exit_code_3_and_starts_no_workers() -> None
     assert outcome.reason == str(error)
     assert h.factory.calls == []
     assert outcome.exits == ()
-    assert h.observer.kinds == [EventKind.FINISH]
+    assert h.observer.kinds == [EventKind.JOINING, EventKind.FINISH]
     assert h.observer.of(EventKind.FINISH)[0]["exit_code"] == 3
 
 
@@ -781,6 +781,7 @@ def test_events_tell_the_story_in_order() -> None:
 
     first, second = h.factory.groups
     expected: list[tuple[EventKind, dict[str, Any]]] = [
+        (EventKind.JOINING, {"round": 0}),
         (EventKind.RENDEZVOUS, {"round": 0, "node_rank": 0, "nodes": 1, "world_size": 2}),
         (EventKind.WORKERS_STARTED, {"pids": first.pids, "round": 0}),
         (EventKind.WORKER_EXITED, {"rank": 1, "pid": first.pids[1], "returncode": 1,
@@ -789,6 +790,7 @@ def test_events_tell_the_story_in_order() -> None:
                                    "terminated_by_launcher": True, "round": 0}),
         (EventKind.STOP, {"signal": "SIGTERM", "stopped_ranks": [0], "stuck_pids": []}),
         (EventKind.RESTART, {"delay": 2.0, "restart": 1}),
+        (EventKind.JOINING, {"round": 1}),
         (EventKind.RENDEZVOUS, {"round": 1}),
         (EventKind.WORKERS_STARTED, {"pids": second.pids, "round": 1}),
         (EventKind.WORKER_EXITED, {"rank": 0, "returncode": 0, "round": 1}),

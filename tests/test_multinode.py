@@ -212,6 +212,18 @@ def test_without_torch_a_torch_backend_is_one_line_naming_the_install(tmp_path: 
     lines = j.agents[0].text().strip().splitlines()
     assert lines[-1].startswith("elastic-hydra: error: rdzv.backend: needs PyTorch"), lines
     assert "pip install torch" in lines[-1]
+    assert j.agents[0].summary()["status"] == "config_error"
+
+
+def test_a_signal_during_the_rendezvous_stops_the_agent_at_once(tmp_path: Path) -> None:
+    with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+        agent = j.start("nnodes=2", "nproc_per_node=1", *FAST)  # the second node never comes
+        wait_for(lambda: [e for e in agent.events() if e["event"] == "joining"], 60, "the join")
+        agent.proc.send_signal(signal.SIGTERM)
+        assert j.finish(10) == [128 + signal.SIGTERM], j.explain()
+    summary = agent.summary()
+    assert (summary["status"], summary["signal"]) == ("stopped", "SIGTERM")
+    assert not j.records()
 
 
 # --------------------------------------------------------------------------------------- slurm
