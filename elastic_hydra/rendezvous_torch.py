@@ -106,7 +106,7 @@ class TorchRendezvous:
             return
 
     def close(self) -> None:
-        pass  # see finish(): whether to close the rendezvous depends on how the job ended
+        pass  # agent.end_rendezvous decides: barrier, close the job, or leave it running
 
     # --------------------------------------------------------------------------------- the end
     def job_failures(self) -> list[dict[str, Any]]:

@@ -160,7 +160,7 @@ def test_success_writes_run_dir_events_and_overrides(tmp_path: Path) -> None:
 
     events = read_events(run_dir)
     assert kinds(events) == [
-        "rendezvous", "workers_started", "worker_exited", "worker_exited", "finish"
+        "joining", "rendezvous", "workers_started", "worker_exited", "worker_exited", "finish"
     ]  # fmt: skip
     for event in events:
         assert isinstance(event["time"], float) and isinstance(event["monotonic"], float)

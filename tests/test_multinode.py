@@ -118,11 +118,13 @@ def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
         # The victim's worker died with its agent; the survivors' old workers were stopped.
         wait_for(lambda: not any(psutil.pid_exists(r["pid"]) for r in big), 10, "old workers")
         bound = 1 * 3  # keep_alive_interval x keep_alive_max_attempt
-        for agent in j.agents[:2]:
-            left = membership(agent.events(), "left")
-            assert left, agent.events()
-            assert left[0]["nodes"] == 2
-            noticed = float(left[0]["time"]) - killed_at  # type: ignore[arg-type]
+        survivors = j.agents[:2]
+        # The first survivor to notice re-joins; the other may see that join first instead.
+        left = [e for a in survivors for e in membership(a.events(), "left")]
+        assert left and all(e["nodes"] == 2 for e in left), [a.events() for a in survivors]
+        for agent in survivors:
+            changes = [e for e in agent.events() if e["event"] == "membership"]
+            noticed = float(changes[0]["time"]) - killed_at  # type: ignore[arg-type]
             # Within the bound, plus up to one heartbeat period and torch's 1 s state cache.
             assert noticed < bound + 1 + 1 + 2, noticed
             assert agent.summary()["status"] == "succeeded"
