@@ -166,7 +166,7 @@ def test_success_writes_run_dir_events_and_overrides(tmp_path: Path) -> None:
         assert isinstance(event["time"], float) and isinstance(event["monotonic"], float)
     monotonic = [e["monotonic"] for e in events]
     assert monotonic == sorted(monotonic)
-    pids = events[1]["pids"]
+    pids = events[2]["pids"]
     assert len(pids) == 2 and len(set(pids)) == 2
     assert {e["pid"] for e in events if e["event"] == "worker_exited"} == set(pids)
     assert events[-1]["status"] == "succeeded" and events[-1]["exit_code"] == 0
