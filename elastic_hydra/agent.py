@@ -19,7 +19,7 @@ from typing import IO, Any
 from elastic_hydra import entry, render
 from elastic_hydra.capture import read_failure
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
-from elastic_hydra.errors import ConfigError, RendezvousError
+from elastic_hydra.errors import ConfigError
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor, Rendezvous
 from elastic_hydra.logpump import ConsoleSink, drain
@@ -199,25 +199,6 @@ def end_rendezvous(rdzv: Rendezvous, outcome: RunOutcome, events: EventLog) -> l
     return rdzv.job_failures()
 
 
-def rendezvous_failed(exc: RendezvousError, flag: StopFlag, events: EventLog) -> RunOutcome:
-    """The outcome when the rendezvous could not even be reached (or a signal came first)."""
-    if flag.signum is not None:
-        name = signal.Signals(flag.signum).name
-        outcome = RunOutcome(
-            status=Status.STOPPED, attempts=0, reason=f"received {name}", signal=flag.signum
-        )
-    else:
-        outcome = RunOutcome(status=Status.RENDEZVOUS_FAILED, attempts=0, reason=str(exc))
-    events.emit(
-        EventKind.FINISH,
-        status=outcome.status.value,
-        exit_code=outcome.exit_code,
-        reason=outcome.reason,
-        attempts=0,
-    )
-    return outcome
-
-
 def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
@@ -231,20 +212,16 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     guard = GroupGuard()
     try:
         with handle_signals(flag):
-            try:
-                rdzv = make_rendezvous(plan, flag, run_dir)
-            except RendezvousError as exc:
-                outcome = rendezvous_failed(exc, flag, events)
-            else:
-                outcome = Executor(
-                    plan,
-                    rendezvous=rdzv,
-                    workers=LocalWorkerFactory(plan, run_dir, flag, guard),
-                    clock=RealClock(flag),
-                    observer=events,
-                    stop=flag,
-                ).run()
-                job_failures = end_rendezvous(rdzv, outcome, events)
+            rdzv = make_rendezvous(plan, flag, run_dir)
+            outcome = Executor(
+                plan,
+                rendezvous=rdzv,
+                workers=LocalWorkerFactory(plan, run_dir, flag, guard),
+                clock=RealClock(flag),
+                observer=events,
+                stop=flag,
+            ).run()
+            job_failures = end_rendezvous(rdzv, outcome, events)
     except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
         error = {"status": "config_error", "exit_code": exc.exit_code, "message": exc.line()}
         run_dir.summary.write_text(json.dumps(error, indent=2) + "\n")

@@ -63,7 +63,7 @@ class TorchRendezvous:
         self._members: frozenset[object] = frozenset()
         self._worker_store: Store | None = None  # node 0 after a membership change: see _master
         self._round = -1
-        self.handler: RendezvousHandler = self._blocking(self._create_handler, "connect")
+        self.handler: RendezvousHandler = None  # created by the first join (network I/O)
 
     # ------------------------------------------------------------------------------ the protocol
     def next_round(self) -> NodeAssignment:
@@ -166,12 +166,14 @@ class TorchRendezvous:
 
     def shutdown(self) -> None:
         """Close the rendezvous for this run id: nodes still in it stop instead of waiting."""
+        if self.handler is None:
+            return  # never connected
         with contextlib.suppress(Exception):  # the store is already gone
             self.handler.shutdown()
 
     # ------------------------------------------------------------------------------- internals
     def _create_handler(self) -> RendezvousHandler:
-        rdzv = _import_torch_rendezvous(self.spec.backend)
+        parameters, get_handler = _import_torch_rendezvous(self.spec.backend)
         spec = self.spec
         options: dict[str, Any] = {
             "join_timeout": int(spec.join_timeout),
@@ -185,7 +187,7 @@ class TorchRendezvous:
         }
         if spec.is_host is not None:
             options["is_host"] = spec.is_host
-        params = rdzv.RendezvousParameters(
+        params = parameters(
             backend=spec.backend.value,
             endpoint=str(spec.endpoint),
             run_id=self.plan.run_id,
@@ -195,7 +197,7 @@ class TorchRendezvous:
             **options,
         )
         try:
-            return rdzv.registry.get_rendezvous_handler(params)
+            return get_handler(params)
         except Exception as exc:
             raise RendezvousError(
                 f"cannot reach the {self.where}: {_reason(exc)}. Start the "
@@ -208,6 +210,8 @@ class TorchRendezvous:
             ) from None
 
     def _join(self) -> NodeAssignment:
+        if self.handler is None:
+            self.handler = self._create_handler()
         from torch.distributed.elastic.rendezvous import api
 
         try:
@@ -335,12 +339,14 @@ def assign_ranks(infos: list[Mapping[str, Any]]) -> list[list[int]]:
     return out
 
 
-def _import_torch_rendezvous(backend: DynamicBackend) -> Any:
+def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
+    """torch's RendezvousParameters and get_rendezvous_handler, or a ConfigError naming the
+    package to install."""
     verbose = os.environ.get("ELASTIC_HYDRA_FULL_ERROR") == "1"
     try:
         with _quiet_torch_cpp(not verbose):
-            from torch.distributed.elastic import rendezvous
-            from torch.distributed.elastic.rendezvous import registry
+            from torch.distributed.elastic.rendezvous import RendezvousParameters
+            from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
     except ImportError:
         raise ConfigError(
             "rdzv.backend",
@@ -360,8 +366,7 @@ def _import_torch_rendezvous(backend: DynamicBackend) -> Any:
             ) from None
     if not verbose:  # our one-line errors say what failed; torch's warnings repeat it
         logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
-    rendezvous.registry = registry
-    return rendezvous
+    return RendezvousParameters, get_rendezvous_handler
 
 
 @contextlib.contextmanager

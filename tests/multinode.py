@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
@@ -23,12 +22,6 @@ FAST = (
     "rdzv.keep_alive_interval=1",
     "rdzv.keep_alive_max_attempt=3",
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

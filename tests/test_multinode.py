@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import WORKERS, wait_for
-from multinode import FAST, free_port, job, rdzv_server
+from conftest import WORKERS, free_port, wait_for
+from multinode import FAST, job, rdzv_server
 from servers import EtcdServer, etcd_server
 
 AGENT_DEADLINE = 150.0  # agents and workers each import torch: ~2 s of CPU apiece on 2 cores

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ELASTIC_HYDRA, WORKERS
+from conftest import ELASTIC_HYDRA, WORKERS, free_port
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -24,12 +23,6 @@ pytestmark = [
 
 NNODES, NPROC = 2, 2
 DEADLINE = 150.0  # both agents, all four workers (each imports torch: ~2 s of CPU apiece)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def start_agent(node_rank: int, port: int, tmp: Path, out: Path) -> subprocess.Popen[str]:
