@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from elastic_hydra import entry, render
+from elastic_hydra import entry, notices
 from elastic_hydra.capture import read_failure
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
 from elastic_hydra.errors import ConfigError
@@ -106,7 +106,7 @@ class EventLog:
         self.events.append(event)
         self.file.write(event.to_json() + "\n")
         if self.echo:
-            render.print_progress(event)
+            notices.progress(event)
 
     def close(self) -> None:
         self.file.close()
@@ -251,5 +251,10 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
         job_failures=job_failures,
     )
     run_dir.summary.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    render.print_outcome(summary, quiet=plan.logs.quiet)
+    if outcome.status is not Status.SUCCEEDED:
+        from elastic_hydra import render  # rich, only for a report that needs it
+
+        render.print_failure(summary)
+    elif not plan.logs.quiet:
+        notices.succeeded(summary)
     return outcome.exit_code, summary

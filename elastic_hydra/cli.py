@@ -25,10 +25,15 @@ import hydra
 import yaml  # type: ignore[import-untyped]
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra._internal import utils as hydra_utils
+from hydra._internal.callbacks import Callbacks
+from hydra._internal.hydra import Hydra
+from hydra.core.config_search_path import SearchPathQuery
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.types import Quote, QuotedString
-from hydra.errors import HydraException
-from hydra.types import RunMode
+from hydra.core.utils import run_job
+from hydra.errors import ConfigCompositionException, HydraException
+from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -58,6 +63,7 @@ class JobResult:
     run_dir: str
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    swept: bool = False  # one launch of a sweep (-m, or a job that sets hydra.mode: MULTIRUN)
 
 
 _results: list[JobResult] = []
@@ -75,6 +81,21 @@ class Invocation:
     @property
     def hydra_argv(self) -> list[str]:
         return [*self.flags, *self.overrides]
+
+    @property
+    def config_name(self) -> str:
+        return "config" if self.job is None else self.job.stem
+
+    @property
+    def plain_run(self) -> bool:
+        """No Hydra flag but the job file's, no -m: a launch that `_run_once` can run."""
+        job_flags = [] if self.job is None else _job_flags(self.job)
+        return not self.multirun and self.flags == job_flags
+
+
+def _job_flags(job: Path) -> list[str]:
+    """The Hydra flags that stand for a job file."""
+    return ["--config-dir", str(job.resolve().parent), "--config-name", job.stem]
 
 
 def _hydra_flags() -> dict[str, tuple[str | int | None, Sequence[str] | None]]:
@@ -123,7 +144,7 @@ def parse_argv(argv: Sequence[str]) -> Invocation:
                 i += 1
         elif job is None and "=" not in arg and arg.endswith((".yaml", ".yml")):
             job = Path(arg)
-            flags += ["--config-dir", str(job.resolve().parent), "--config-name", job.stem]
+            flags += _job_flags(job)
         else:
             overrides.append(arg)
     if script_args is not None:
@@ -222,12 +243,13 @@ def _run_hydra(inv: Invocation) -> int:
     sys.argv = [saved[0] if saved else "elastic-hydra", *inv.hydra_argv]
     stopped: int | None = None
     try:
-        _hydra_entry()
+        if not _run_once(inv):
+            _hydra_entry()
     except _SweepStopped as exc:
         stopped = exc.exit_code
     finally:
         sys.argv = saved
-    if inv.multirun:
+    if inv.multirun or any(r.swept for r in _results):
         from elastic_hydra import render
 
         render.print_sweep(_results)
@@ -255,32 +277,85 @@ def _reraise(func: Callable[[], Any]) -> Any:
     return func()
 
 
-@hydra.main(version_base="1.3", config_path="pkg://" + CONF_MODULE, config_name="config")
-def _hydra_entry(cfg: DictConfig) -> None:
+def _run_once(inv: Invocation) -> bool:
+    """Run a plain launch with one composition; False if it needs Hydra's own main instead.
+
+    For a run, `hydra.main` composes the config twice: once only to read `hydra.mode`, then again
+    to run (about 0.07 s each). This is its run path (`Hydra.run`) with a single composition. Any
+    other Hydra flag, a sweep, a job that sets `hydra.mode: MULTIRUN` and a composition error go
+    to Hydra's main, which then decides and reports exactly as it always does.
+    """
+    if not inv.plain_run:
+        return False
+    search_path = hydra_utils.create_config_search_path("pkg://" + CONF_MODULE)
+    if inv.job is not None:  # what Hydra does with --config-dir
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{inv.job.resolve().parent}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    app = Hydra.create_main_hydra2(task_name="elastic-hydra", config_search_path=search_path)
+    try:
+        try:
+            cfg = app.compose_config(
+                inv.config_name, list(inv.overrides), RunMode.RUN, with_log_configuration=True
+            )
+        except ConfigCompositionException:
+            return False
+        if cfg.hydra.mode == RunMode.MULTIRUN:
+            return False
+        if cfg.hydra.mode is None:
+            cfg.hydra.mode = RunMode.RUN
+            cfg.hydra.overrides.hydra.append("hydra.mode=RUN")  # as Hydra's main records it
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=inv.config_name)
+        ret = run_job(
+            hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+            task_function=_task,
+            config=cfg,
+            job_dir_key="hydra.run.dir",
+            job_subdir_key=None,
+        )
+        callbacks.on_run_end(config=cfg, config_name=inv.config_name, job_return=ret)
+        _ = ret.return_value  # raises the task's exception, as Hydra.run does
+    finally:
+        GlobalHydra.instance().clear()
+    return True
+
+
+def _task(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
     overrides = list(OmegaConf.to_container(hc.overrides.task, resolve=False))  # type: ignore[arg-type]
+    swept = hc.mode == RunMode.MULTIRUN
     try:
         plan = resolve_config(cfg, run_dir=run_dir)
     except ConfigError as exc:
         # Reported here, not raised: Hydra would add its own line, and a sweep must go on.
         print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.RUN:
-            _remove_run_dir(Path(run_dir))  # bad input leaves nothing behind
-            _results.append(JobResult(overrides, EXIT_CONFIG, run_dir, exc.line()))
+        result = JobResult(overrides, EXIT_CONFIG, run_dir, exc.line(), swept=swept)
+        if swept:
+            _record(result)
         else:
-            _record(JobResult(overrides, EXIT_CONFIG, run_dir, exc.line()))
+            _remove_run_dir(Path(run_dir))  # bad input leaves nothing behind
+            _results.append(result)
         return
     Path(run_dir, PLAN_FILE).write_text(json.dumps(to_dict(plan), indent=2) + "\n")
     # Resolved once here, so workers that use Hydra see one set of values (e.g. one ${now:}).
     OmegaConf.save(cfg, Path(run_dir, RESOLVED_CONFIG_FILE), resolve=True)
     if (signum := entry.pending_signal()) is not None:  # stopped before anything started
-        _record(JobResult(overrides, 128 + signum, run_dir, "stopped before the launch"))
+        stopped = "stopped before the launch"
+        _record(JobResult(overrides, 128 + signum, run_dir, stopped, swept=swept))
         raise _SweepStopped(128 + signum)
-    result = launch(plan, overrides)
+    result = launch(plan, overrides, swept=swept)
     _record(result)
-    if result.exit_code > 128 and HydraConfig.get().mode == RunMode.MULTIRUN:
+    if result.exit_code > 128 and swept:
         raise _SweepStopped(result.exit_code)
+
+
+_hydra_entry = hydra.main(
+    version_base="1.3", config_path="pkg://" + CONF_MODULE, config_name="config"
+)(_task)
 
 
 def _remove_run_dir(path: Path) -> None:
@@ -291,12 +366,12 @@ def _remove_run_dir(path: Path) -> None:
             os.removedirs(path.parent)
 
 
-def launch(plan: LaunchPlan, overrides: list[str]) -> JobResult:
+def launch(plan: LaunchPlan, overrides: list[str], *, swept: bool) -> JobResult:
     """Run one planned job to its end (the local agent)."""
     from elastic_hydra import agent
 
     code, details = agent.run(plan)
-    return JobResult(overrides, code, plan.run_dir, details.get("message", ""), details)
+    return JobResult(overrides, code, plan.run_dir, details.get("message", ""), details, swept)
 
 
 def _record(result: JobResult) -> None:

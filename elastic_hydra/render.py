@@ -23,8 +23,8 @@ from rich.traceback import Stack as RichStack
 from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
-from elastic_hydra.events import Event, EventKind
 from elastic_hydra.gpus import format_cpus
+from elastic_hydra.notices import took
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
 
 if TYPE_CHECKING:
@@ -152,35 +152,11 @@ def print_sweep(results: Sequence[JobResult]) -> None:
 
 
 # --------------------------------------------------------------------------------- run summary
-def print_outcome(summary: Mapping[str, Any], *, quiet: bool = False) -> None:
-    """The closing report of a launch, on stderr: rich on a terminal, plain text elsewhere."""
+def print_failure(summary: Mapping[str, Any]) -> None:
+    """The closing report of a launch that did not succeed, on stderr: rich on a terminal, plain
+    text elsewhere. (The success line is `notices.succeeded`, which needs no rich.)"""
     out = console(stderr=True)
-    if summary.get("status") == "succeeded":
-        if not quiet:
-            where = f"run dir {summary['run_dir']}"
-            out.print(
-                f"[green]elastic-hydra: succeeded[/] ({_took(summary)}); {where}", soft_wrap=True
-            )
-        return
     _print(out, outcome_report(summary, plain=not out.is_terminal, width=out.width))
-
-
-def print_progress(event: Event) -> None:
-    """One line on stderr for the steps of a multi-node job that otherwise look like a hang."""
-    d = event.data
-    match event.kind:
-        case EventKind.JOINING:
-            text = f"elastic-hydra: joining the rendezvous (round {d['round']})"
-        case EventKind.RENDEZVOUS:
-            text = (
-                f"elastic-hydra: node {d['node_rank']} of {d['nodes']}, world size "
-                f"{d['world_size']}, master {d['master']}"
-            )
-        case EventKind.MEMBERSHIP:
-            text = f"elastic-hydra: {d['reason']}"
-        case _:
-            return
-    console(stderr=True).print(text, soft_wrap=True, highlight=False, markup=False)
 
 
 def _print(out: Console, *renderables: RenderableType) -> None:
@@ -198,7 +174,7 @@ def _print(out: Console, *renderables: RenderableType) -> None:
 def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100) -> RenderableType:
     """The failure report: root cause and its traceback, the other ranks, where the logs are."""
     title = f"elastic-hydra: {summary['status']}"
-    headline = Text(f"{summary['message']} ({_took(summary)})")
+    headline = Text(f"{summary['message']} ({took(summary)})")
     parts: list[RenderableType] = []
     cause = summary.get("root_cause")
     if cause is not None:
@@ -311,17 +287,13 @@ def _other_ranks(
     return table
 
 
-def _took(summary: Mapping[str, Any]) -> str:
-    return f"{summary['duration_s']:.2f} s, {summary['attempts']} attempt(s)"
-
-
 # ------------------------------------------------------------------------------------- report
 def print_report(summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
     """`elastic-hydra report RUN_DIR`: the saved summary and the events timeline."""
     out = console()
     plain = not out.is_terminal
     ending: RenderableType = Text(
-        f"elastic-hydra: succeeded ({_took(summary)}); run dir {summary['run_dir']}"
+        f"elastic-hydra: succeeded ({took(summary)}); run dir {summary['run_dir']}"
     )
     if summary.get("status") != "succeeded":
         ending = outcome_report(summary, plain=plain, width=out.width)

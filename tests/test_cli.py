@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ELASTIC_HYDRA, REPO
 from omegaconf import OmegaConf
 
 from elastic_hydra.cli import compose_job, main, parse_argv
-from elastic_hydra.plan import Action, NodeRange, PythonScript
+from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
 from elastic_hydra.resolve import resolve_config
 
 TIMEOUT = 60
@@ -197,6 +198,61 @@ def test_bad_config_from_the_shell_is_one_line(workdir: Path) -> None:
         "elastic-hydra: error: nnodes: needs at least 1 node (got 0); expected N or MIN:MAX "
         "with 1 <= MIN <= MAX, e.g. nnodes=2 or nnodes=2:4."
     ]
+
+
+# ----------------------------------------------------------------------------- one composition
+def test_a_plain_run_composes_once_and_saves_what_hydra_saves(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    from elastic_hydra import agent
+
+    modes: list[RunMode] = []
+    compose = Hydra.compose_config
+
+    def counting(self: Hydra, *args: Any, **kwargs: Any) -> Any:
+        modes.append(kwargs.get("run_mode", args[2] if len(args) > 2 else None))
+        return compose(self, *args, **kwargs)
+
+    plans: list[LaunchPlan] = []
+
+    def recording(plan: LaunchPlan) -> tuple[int, dict[str, object]]:
+        plans.append(plan)
+        return 0, {}
+
+    monkeypatch.setattr(Hydra, "compose_config", counting)
+    monkeypatch.setattr(agent, "run", recording)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["jobs/x.yaml", "nproc_per_node=2"])
+    assert exit_info.value.code == 0
+    assert modes == [RunMode.RUN]
+    (plan,) = plans
+    assert plan.nproc_per_node == 2
+    saved = Path(plan.run_dir) / ".hydra"
+    assert OmegaConf.load(saved / "overrides.yaml") == ["nproc_per_node=2"]
+    assert OmegaConf.load(saved / "config.yaml").hp.learning_rate == 0.1
+    hc = OmegaConf.load(saved / "hydra.yaml").hydra
+    assert hc.mode == "RUN" and list(hc.overrides.hydra) == ["hydra.mode=RUN"]
+    assert (hc.job.name, hc.job.config_name) == ("elastic-hydra", "x")
+    assert hc.runtime.output_dir == plan.run_dir
+
+
+def test_a_job_that_sets_multirun_mode_sweeps_without_dash_m(workdir: Path) -> None:
+    (workdir / "jobs" / "sweep.yaml").write_text(JOB + "hydra:\n  mode: MULTIRUN\n")
+    proc = run_cli("jobs/sweep.yaml", "env.X=1,2", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert len([line for line in proc.stdout.splitlines() if "env.X=" in line]) == 2
+    assert len(list((workdir / "eh_logs" / "multirun").rglob("summary.json"))) == 2
+
+
+def test_a_sweep_without_multirun_is_one_line_and_creates_nothing(workdir: Path) -> None:
+    proc = run_cli("jobs/x.yaml", "env.X=1,2", cwd=workdir)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert "env.X=1,2" in line and "--multirun" in line
+    assert not (workdir / "eh_logs").exists()
 
 
 # ------------------------------------------------------------------------------------ completion

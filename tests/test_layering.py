@@ -110,3 +110,19 @@ def test_the_checker_sees_imports() -> None:
     # The static check must not pass vacuously: it finds the imports the allowed modules do have.
     assert {"hydra", "omegaconf"} <= imported_roots(PACKAGE / "cli.py")
     assert "rich" in imported_roots(PACKAGE / "render.py")
+
+
+def test_the_launch_path_loads_rich_only_for_reports() -> None:
+    # rich costs about 0.1 s of every start: the CLI and the agent leave it to `render`, which
+    # they import only for a failure report, a plan or a sweep table.
+    probe = "import sys, elastic_hydra.cli, elastic_hydra.agent; print('rich' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False"]

@@ -1,0 +1,56 @@
+"""One-line notices on stderr, without rich: the success line and a multi-node job's progress.
+
+A launch that succeeds never loads rich (about 0.1 s of start-up); `render` is imported only for
+a report that needs it (a failure, a plan, a sweep table).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from elastic_hydra.events import Event, EventKind
+
+_GREEN, _RESET = "\x1b[32m", "\x1b[0m"
+
+
+def took(summary: Mapping[str, Any]) -> str:
+    return f"{summary['duration_s']:.2f} s, {summary['attempts']} attempt(s)"
+
+
+def succeeded(summary: Mapping[str, Any]) -> None:
+    head = "elastic-hydra: succeeded"
+    if _colour():
+        head = _GREEN + head + _RESET
+    _say(f"{head} ({took(summary)}); run dir {summary['run_dir']}")
+
+
+def progress(event: Event) -> None:
+    """One line for the steps of a multi-node job that otherwise look like a hang."""
+    d = event.data
+    match event.kind:
+        case EventKind.JOINING:
+            _say(f"elastic-hydra: joining the rendezvous (round {d['round']})")
+        case EventKind.RENDEZVOUS:
+            _say(
+                f"elastic-hydra: node {d['node_rank']} of {d['nodes']}, world size "
+                f"{d['world_size']}, master {d['master']}"
+            )
+        case EventKind.MEMBERSHIP:
+            _say(f"elastic-hydra: {d['reason']}")
+
+
+def _colour() -> bool:
+    """Colour as rich decides it: NO_COLOR wins, then FORCE_COLOR, then a terminal that has it."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return sys.stderr.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
