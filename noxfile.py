@@ -34,6 +34,9 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """elastic-hydra vs torchrun side by side; not part of the default run (`nox -s bench`)."""
-    session.install("-e", ".", TORCH, "psutil")
+    """elastic-hydra vs torchrun side by side; not part of the default run (`nox -s bench`).
+
+    elastic-hydra is installed as users get it (not editable: an editable install's import hook
+    would run in every worker interpreter of both launchers)."""
+    session.install(".", TORCH, "psutil")
     session.run("python", "benchmarks/run.py", *session.posargs)

@@ -1,4 +1,7 @@
-"""One measured run of each workload, for either launcher. Each returns {metric key: value}."""
+"""One measured run of each workload, for either launcher (and the launch workload's floor).
+
+Each returns {metric key: value}.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from procs import (
     wait_for,
     wait_until,
 )
-from workloads import C10d, Launcher, command, worker_env
+from workloads import C10d, Launcher, command, floor_command, worker_env
 
 MEMORY_NPROC = 4
 MEMORY_SLEEP_S = 5.0
@@ -68,7 +71,17 @@ class Bench:
 def run_launch(launcher: Launcher, bench: Bench, nproc: int) -> dict[str, float]:
     """Wall time of a job whose workers exit 0 at once: start-up, spawn, wait, tear-down."""
     run_dir, stamps = bench.fresh("launch")
-    cmd = command(launcher, bench.worker, nproc, run_dir)
+    return _launch_wall(command(launcher, bench.worker, nproc, run_dir), run_dir, stamps, nproc)
+
+
+def run_launch_floor(bench: Bench, nproc: int) -> dict[str, float]:
+    """The same wall time with no launcher: a bare program starts the workers and waits."""
+    run_dir, stamps = bench.fresh("floor")
+    return _launch_wall(floor_command(bench.worker, nproc), run_dir, stamps, nproc)
+
+
+def _launch_wall(cmd: list[str], run_dir: Path, stamps: Path, nproc: int) -> dict[str, float]:
+    """Popen of `cmd` to its exit (0), with workers that exit 0 at once."""
     started = time.perf_counter()
     with launched(cmd, cwd=run_dir, env=worker_env("exit", stamps)) as proc:
         expect_exit(proc, (0,), "launch")

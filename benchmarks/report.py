@@ -8,10 +8,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from workloads import LAUNCHERS
+from workloads import FLOOR, LAUNCHERS
 
 TargetKind = Literal["ratio_at_most", "ratio_at_least", "ours_zero", "bound", "none"]
-Samples = dict[str, dict[str, list[float]]]  # metric key -> launcher -> values
+Samples = dict[str, dict[str, list[float]]]  # metric key -> launcher (or FLOOR) -> values
+
+FLOOR_HOW = (
+    "launch only, in the same rounds (elastic-hydra, torchrun, floor, ...): no launcher, a "
+    "stdlib-only Python program (`python -c`, workloads.BARE) Popens nproc `python -u` workers "
+    "with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, dummy MASTER_ADDR/MASTER_PORT and the "
+    "BENCH_* env, waits for all and exits 0; Popen of that program to its exit. What any launcher "
+    "that starts fresh worker interpreters pays; above floor = (median elastic-hydra - median "
+    "floor) / (median torchrun - median floor), the launchers' own overhead compared."
+)
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,16 @@ def verdict(metric: Metric, ours: list[float], theirs: list[float]) -> tuple[flo
     return ratio, "met" if ok else "not met"
 
 
+def above_floor(ours: list[float], theirs: list[float], floor: list[float]) -> float | None:
+    """(median ours - median floor) / (median torchrun - median floor); None without a floor or
+    when torchrun's median is not above it."""
+    if not (ours and theirs and floor):
+        return None
+    base = statistics.median(floor)
+    theirs_above = statistics.median(theirs) - base
+    return None if theirs_above <= 0 else (statistics.median(ours) - base) / theirs_above
+
+
 def target_text(metric: Metric) -> str:
     """The target as the table shows it."""
     return {
@@ -185,6 +204,7 @@ def rows(samples: Samples) -> list[dict[str, Any]]:
     for key in sorted(samples, key=sort_key):
         metric = metric_of(key)
         ours, theirs = samples[key].get(LAUNCHERS[0], []), samples[key].get(LAUNCHERS[1], [])
+        floor = samples[key].get(FLOOR, [])
         ratio, met = verdict(metric, ours, theirs)
         out.append(
             {
@@ -195,7 +215,9 @@ def rows(samples: Samples) -> list[dict[str, Any]]:
                 "unit": metric.unit,
                 "elastic-hydra": summarize(ours),
                 "torchrun": summarize(theirs),
+                "floor": summarize(floor),
                 "ratio": ratio,
+                "ratio_above_floor": above_floor(ours, theirs, floor),
                 "target": target_text(metric),
                 "met": met,
             }
@@ -213,26 +235,36 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
         f"- Date: {meta['date']}",
         f"- Python {meta['python']}, torch {meta['torch']}, elastic-hydra {meta['elastic_hydra']}",
         f"- Runs per metric: {meta['runs']} per launcher, alternating elastic-hydra / torchrun "
-        f"after one discarded warm-up pair{' (--quick)' if meta['quick'] else ''}; "
-        f"log throughput: {meta['lines']:,} lines per worker",
+        f"(/ floor, for launch) after one discarded warm-up round"
+        f"{' (--quick)' if meta['quick'] else ''}; log throughput: {meta['lines']:,} lines per "
+        "worker",
+        f"- Bytecode: elastic-hydra's package ({meta['compiled']}) is byte-compiled before the "
+        "runs, as pip install does (torch's was at its install)",
         f"- Command: `{meta['command']}`",
         "",
-        "Cells are min / median / max; ratio = median elastic-hydra / median torchrun.",
+        "Cells are min / median / max; ratio = median elastic-hydra / median torchrun (targets "
+        "are judged on it); above floor = (median elastic-hydra - median floor) / (median "
+        "torchrun - median floor), where a floor (no launcher) was measured.",
         "",
-        "| metric | nproc | unit | elastic-hydra | torchrun | ratio | target | met? |",
-        "|---|---|---|---|---|---|---|---|",
+        "| metric | nproc | unit | elastic-hydra | torchrun | floor (no launcher) | ratio "
+        "| above floor | target | met? |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
-        ours = _cell(row["elastic-hydra"]["values"], row["unit"])
-        theirs = _cell(row["torchrun"]["values"], row["unit"])
+        above = "-" if row["ratio_above_floor"] is None else f"{row['ratio_above_floor']:.2f}x"
+        ours, theirs, floor = (
+            _cell(row[name]["values"], row["unit"]) for name in (*LAUNCHERS, FLOOR)
+        )
         lines.append(
-            f"| {row['label']} | {row['nproc']} | {row['unit']} | {ours} | {theirs} | {ratio} "
-            f"| {row['target']} | {row['met']} |"
+            f"| {row['label']} | {row['nproc']} | {row['unit']} | {ours} | {theirs} | {floor} "
+            f"| {ratio} | {above} | {row['target']} | {row['met']} |"
         )
     lines += ["", "How each metric is measured:", ""]
     shown = {row["key"].split("@")[0] for row in table}
     lines += [f"- **{m.label}**: {m.how}" for k, m in METRICS.items() if k in shown]
+    if any(row["floor"]["values"] for row in table):
+        lines.append(f"- **floor (no launcher)**: {FLOOR_HOW}")
     if meta["errors"]:
         lines += ["", "Runs that produced no measurement (excluded above):", ""]
         lines += [f"- {e}" for e in meta["errors"]]

@@ -3,8 +3,10 @@
     python benchmarks/run.py [--runs 5] [--quick] [--only launch,restart,...]
 
 Every workload runs both launchers alternately (elastic-hydra, torchrun, elastic-hydra, ...) after
-one warm-up pair that is discarded; workers are plain Python scripts that never import torch, so
-what is measured is the launchers' own overhead. Writes latest.md, latest.json and latest.svg
+one warm-up round that is discarded; workers are plain Python scripts that never import torch, so
+what is measured is the launchers' own overhead. The launch workload adds a third runner to each
+round, the floor: no launcher, a bare program that starts the same workers (elastic-hydra,
+torchrun, floor, elastic-hydra, ...). Writes latest.md, latest.json and latest.svg
 into --out (default: results/ next to this file) and prints the Markdown table. Metric families
 for --only: launch, restart, detection, memory (peak RSS and CPU), logs, shutdown, rendezvous
 (several agents on this host over c10d), departure (elastic-hydra only: a killed agent noticed).
@@ -13,6 +15,9 @@ for --only: launch, restart, detection, memory (peak RSS and CPU), logs, shutdow
 from __future__ import annotations
 
 import argparse
+import compileall
+import functools
+import importlib.util
 import platform
 import shlex
 import subprocess
@@ -33,6 +38,7 @@ from measure import (
     Bench,
     run_departure,
     run_launch,
+    run_launch_floor,
     run_logs,
     run_memory,
     run_rendezvous,
@@ -42,15 +48,18 @@ from measure import (
 from procs import BenchError, sweep
 from report import FAMILIES, Samples, metric_of, rows, write
 from svg import write_svg
-from workloads import LAUNCHERS, Launcher, write_worker
+from workloads import FLOOR, LAUNCHERS, Launcher, write_worker
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+Measure = Callable[[Bench, int], dict[str, float]]
 
 
 @dataclass(frozen=True)
 class Workload:
     """One kind of run, the metric families it measures, its sizes (nproc, or agents for the
-    multi-agent workloads) and the launchers it compares."""
+    multi-agent workloads), the launchers it compares and, optionally, its floor (no launcher)."""
 
     name: str
     families: frozenset[str]
@@ -58,10 +67,20 @@ class Workload:
     sizes: tuple[int, ...]
     quick_sizes: tuple[int, ...]
     launchers: tuple[Launcher, ...] = LAUNCHERS
+    floor: Measure | None = None
+
+    def runners(self) -> list[tuple[str, Measure]]:
+        """(name samples are filed under, measurement) for one round: the launchers, the floor."""
+        out: list[tuple[str, Measure]] = [
+            (launcher, functools.partial(self.measure, launcher)) for launcher in self.launchers
+        ]
+        return out if self.floor is None else [*out, (FLOOR, self.floor)]
 
 
 WORKLOADS = (
-    Workload("launch", frozenset({"launch"}), run_launch, (1, 4, 16, 64), (1, 4)),
+    Workload(
+        "launch", frozenset({"launch"}), run_launch, (1, 4, 16, 64), (1, 4), floor=run_launch_floor
+    ),
     Workload("restart", frozenset({"restart", "detection"}), run_restart, (2, 8), (2,)),
     Workload("memory", frozenset({"memory"}), run_memory, (MEMORY_NPROC,), (MEMORY_NPROC,)),
     Workload("logs", frozenset({"logs"}), run_logs, (LOGS_NPROC,), (LOGS_NPROC,)),
@@ -132,12 +151,13 @@ def run_workload(
     samples: Samples,
     meta: dict[str, Any],
 ) -> None:
-    """Warm-up pair, then `runs` pairs A B A B; file each measurement under its metric key."""
+    """Warm-up round, then `runs` rounds A B [floor] A B [floor]; file each measurement under its
+    metric key and runner."""
     for i in range(runs + 1):
-        for launcher in workload.launchers:
-            tag = f"{workload.name} nproc={nproc} {'warm-up' if i == 0 else f'run {i}'} {launcher}"
+        for runner, measure in workload.runners():
+            tag = f"{workload.name} nproc={nproc} {'warm-up' if i == 0 else f'run {i}'} {runner}"
             try:
-                values = workload.measure(launcher, bench, nproc)
+                values = measure(bench, nproc)
             except (BenchError, subprocess.SubprocessError, OSError, ValueError) as exc:
                 meta["errors"].append(f"{tag}: {exc}")
                 print(f"  {tag}: ERROR {exc}", file=sys.stderr, flush=True)
@@ -151,12 +171,28 @@ def run_workload(
             if i == 0:
                 continue
             for key, value in values.items():
-                samples.setdefault(key, {}).setdefault(launcher, []).append(value)
+                samples.setdefault(key, {}).setdefault(runner, []).append(value)
+
+
+def compile_package() -> str:
+    """Byte-compile the installed elastic_hydra package as pip does on install; return its dir.
+
+    An editable install under PYTHONDONTWRITEBYTECODE=1 (set on our machines) would otherwise
+    compile the package's source again at every launch (~0.05-0.1 s), which an installed launcher
+    never pays; torch's modules were compiled when it was installed.
+    """
+    spec = importlib.util.find_spec("elastic_hydra")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("elastic_hydra is not installed")
+    package = spec.submodule_search_locations[0]
+    compileall.compile_dir(package, quiet=1)
+    return package
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     meta: dict[str, Any] = machine()
+    meta["compiled"] = compile_package()
     lines = 20_000 if args.quick else 200_000
     meta.update(
         runs=args.runs,

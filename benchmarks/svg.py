@@ -1,5 +1,5 @@
 """A hand-written SVG: grouped bars (median, min-max whisker) of launch time, restart gap and
-rendezvous time."""
+rendezvous time; a thin gray line marks the floor's median (no launcher) where it was measured."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from workloads import LAUNCHERS
+from workloads import FLOOR, LAUNCHERS
 
-COLORS = {"elastic-hydra": "#2a9d8f", "torchrun": "#e76f51"}
+COLORS = {"elastic-hydra": "#2a9d8f", "torchrun": "#e76f51", FLOOR: "#888"}
 PANEL_W, PANEL_H = 430, 300
 LEFT, TOP, BOTTOM = 56, 40, 48
 
@@ -34,7 +34,8 @@ def _panel(x0: float, title: str, rows: list[dict[str, Any]], unit: str, group: 
     ]
     plot_w, plot_h = PANEL_W - LEFT - 10, PANEL_H - TOP - BOTTOM
     base_y = TOP + plot_h
-    top = _nice_max(max((r[n]["max"] or 0.0 for r in rows for n in LAUNCHERS), default=1.0))
+    highs = [r[n]["max"] or 0.0 for r in rows for n in LAUNCHERS]
+    top = _nice_max(max([*highs, *(r[FLOOR]["median"] or 0.0 for r in rows)], default=1.0))
     for i in range(5):
         value = top * i / 4
         y = base_y - plot_h * i / 4
@@ -69,6 +70,15 @@ def _panel(x0: float, title: str, rows: list[dict[str, Any]], unit: str, group: 
                 f'<text x="{mid - 1:.1f}" y="{min(y_hi, base_y - h) - 4:.1f}" '
                 f'text-anchor="middle" font-size="10">{stats["median"]:.2f}</text>',
             ]
+        floor = row[FLOOR]["median"]
+        if floor is not None:
+            y = base_y - plot_h * floor / top
+            out.append(
+                f'<line x1="{center - bar_w - 4:.1f}" y1="{y:.1f}" x2="{center + bar_w + 2:.1f}" '
+                f'y2="{y:.1f}" stroke="{COLORS[FLOOR]}" stroke-width="1.5" stroke-dasharray="4 2">'
+                f"<title>floor (no launcher) nproc {row['nproc']}: median {floor:.3f} s</title>"
+                "</line>"
+            )
         out.append(
             f'<text x="{center:.1f}" y="{base_y + 16}" text-anchor="middle" font-size="11">'
             f"{escape(group.format(n=row['nproc']))}</text>"
@@ -104,6 +114,13 @@ def write_svg(path: Path, table: list[dict[str, Any]]) -> None:
         body.append(
             f'<rect x="{x}" y="{legend_y - 10}" width="12" height="12" fill="{COLORS[name]}"/>'
             f'<text x="{x + 18}" y="{legend_y}" font-size="12">{name}</text>'
+        )
+    if any(row[FLOOR]["median"] is not None for _, rows, _ in panels for row in rows):
+        x = 20 + len(LAUNCHERS) * 130  # fits a one-panel chart (430 px)
+        body.append(
+            f'<line x1="{x}" y1="{legend_y - 4}" x2="{x + 12}" y2="{legend_y - 4}" '
+            f'stroke="{COLORS[FLOOR]}" stroke-width="1.5" stroke-dasharray="4 2"/>'
+            f'<text x="{x + 18}" y="{legend_y}" font-size="12">floor (no launcher)</text>'
         )
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '

@@ -1,8 +1,9 @@
-"""The worker script and the two launcher command lines the benchmarks compare.
+"""The worker script, the two launcher command lines the benchmarks compare, and the floor.
 
 One plain-Python worker (no torch import: the point is the launcher's overhead) is driven by
 environment variables; every mode that measures time writes *stamps* (small files named after the
-event, holding `time.time()` and the pid) atomically into `BENCH_STAMPS`.
+event, holding `time.time()` and the pid) atomically into `BENCH_STAMPS`. The floor is no launcher:
+a bare stdlib program that starts the same workers, for what starting fresh interpreters costs.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 Launcher = Literal["elastic-hydra", "torchrun"]
 LAUNCHERS: tuple[Launcher, Launcher] = ("elastic-hydra", "torchrun")
+# The runner name the floor's samples are filed under, next to the launchers' (never a Launcher).
+FLOOR: Final = "floor"
 
 # Generous bounds: a worker never outlives them even if the harness were killed itself.
 WORKER_SLEEP_CAP_S = 60
@@ -66,6 +69,21 @@ elif mode == "sleep":
     stamp(f"end_{{rank}}", time.time())
 elif mode == "hold":
     time.sleep({WORKER_SLEEP_CAP_S})
+"""
+
+
+# The floor: Popen `nproc` workers with the least environment a launcher gives, wait for all.
+BARE = """\
+import os, subprocess, sys
+script, n = sys.argv[1], int(sys.argv[2])
+procs = [
+    subprocess.Popen([sys.executable, "-u", script], env=dict(
+        os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
+    ))
+    for r in range(n)
+]
+sys.exit(1 if any([p.wait() for p in procs]) else 0)
 """
 
 
@@ -130,6 +148,11 @@ def command(
         f"--max-restarts={max_restarts}", f"--log-dir={run_dir / 'torchrun_logs'}",
         *(["--tee", "3"] if tee else []), str(script),
     ]  # fmt: skip
+
+
+def floor_command(script: Path, nproc: int) -> list[str]:
+    """The bare program (no launcher) that runs `script` on `nproc` local workers."""
+    return [sys.executable, "-c", BARE, str(script), str(nproc)]
 
 
 def worker_env(mode: str, stamps: Path, **extra: str) -> dict[str, str]:

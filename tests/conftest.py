@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import socket
 import sys
@@ -15,6 +16,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 ELASTIC_HYDRA = [sys.executable, "-m", "elastic_hydra"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Byte-compile the package once, as pip does on install: under PYTHONDONTWRITEBYTECODE=1 each
+    launcher the tests start would compile its source again (about 0.05 s per launch)."""
+    compileall.compile_dir(REPO / "elastic_hydra", quiet=1)
 
 
 def free_port() -> int:

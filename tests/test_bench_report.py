@@ -1,0 +1,95 @@
+"""The benchmark harness's report (benchmarks/report.py) with its floor (no launcher) columns,
+and the floor program itself."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from conftest import REPO
+
+BENCHMARKS = str(REPO / "benchmarks")
+LAUNCH = {"elastic-hydra": [1.0, 1.2, 1.1], "torchrun": [3.0, 3.1, 2.9], "floor": [0.9, 1.0, 0.8]}
+GAP = {"elastic-hydra": [0.05, 0.04], "torchrun": [0.3, 0.5]}  # no floor
+META = {
+    "cpu_model": "test", "cores": 2, "loadavg": "0 0 0", "date": "today", "python": "3",
+    "torch": "2", "elastic_hydra": "0", "runs": 3, "quick": False, "lines": 10,
+    "command": "python benchmarks/run.py", "compiled": "/pkg/elastic_hydra", "errors": [],
+    "leftovers": [],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[tuple[ModuleType, ModuleType]]:
+    """benchmarks' report and workloads modules, imported as benchmarks/run.py imports them."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        yield importlib.import_module("report"), importlib.import_module("workloads")
+    finally:
+        sys.path.remove(BENCHMARKS)
+
+
+def test_rows_carry_the_floor_and_the_ratio_above_it(
+    bench: tuple[ModuleType, ModuleType],
+) -> None:
+    report, _ = bench
+    launch, gap = report.rows({"restart_gap@2": GAP, "launch@4": LAUNCH})
+    assert launch["key"] == "launch@4" and gap["key"] == "restart_gap@2"
+    assert launch["floor"]["median"] == pytest.approx(0.9)
+    # The plain ratio and its verdict do not change: the target is judged on it.
+    assert launch["ratio"] == pytest.approx(1.1 / 3.0) and launch["met"] == "not met"
+    assert launch["ratio_above_floor"] == pytest.approx((1.1 - 0.9) / (3.0 - 0.9))
+    assert gap["floor"] == {"values": [], "min": None, "median": None, "max": None}
+    assert gap["ratio_above_floor"] is None and gap["met"] == "met"
+    # torchrun's median at or below the floor's: no overhead to compare against.
+    assert report.above_floor([1.0], [0.9], [0.95]) is None
+    assert report.above_floor([1.0], [], [0.95]) is None
+
+
+def test_markdown_and_json_show_the_floor_only_where_measured(
+    bench: tuple[ModuleType, ModuleType], tmp_path: Path
+) -> None:
+    report, _ = bench
+    text = report.write(tmp_path, META, {"launch@4": LAUNCH, "restart_gap@2": GAP})
+    lines = text.splitlines()
+    header = next(ln for ln in lines if ln.startswith("| metric "))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "metric", "nproc", "unit", "elastic-hydra", "torchrun", "floor (no launcher)", "ratio",
+        "above floor", "target", "met?",
+    ]  # fmt: skip
+    launch = next(ln for ln in lines if ln.startswith("| launch"))
+    assert "| 0.800 / 0.900 / 1.000 | 0.37x | 0.10x | <= 0.25x | not met |" in launch
+    gap = next(ln for ln in lines if ln.startswith("| restart gap"))
+    assert "| 0.300 / 0.400 / 0.500 | - | 0.11x | - | <= 0.2x | met |" in gap
+    assert any(ln.startswith("- **floor (no launcher)**: launch only") for ln in lines)
+    assert any("(/pkg/elastic_hydra) is byte-compiled" in ln for ln in lines)
+    doc = json.loads((tmp_path / "latest.json").read_text())
+    by_key = {row["key"]: row for row in doc["metrics"]}
+    assert by_key["launch@4"]["floor"]["values"] == LAUNCH["floor"]
+    assert by_key["launch@4"]["ratio_above_floor"] == pytest.approx(0.2 / 2.1)
+    assert by_key["restart_gap@2"]["ratio_above_floor"] is None
+    # Without floor samples there is no floor entry in "How each metric is measured".
+    no_floor = report.markdown(META, report.rows({"restart_gap@2": GAP}))
+    assert "floor (no launcher)**" not in no_floor
+
+
+def test_the_floor_program_starts_every_rank_with_a_launchers_env(
+    bench: tuple[ModuleType, ModuleType], tmp_path: Path
+) -> None:
+    _, workloads = bench
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    proc = subprocess.run(
+        workloads.floor_command(workloads.write_worker(tmp_path), 3),
+        env=workloads.worker_env("start", stamps),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert sorted(p.name for p in stamps.iterdir()) == ["start_0_0", "start_0_1", "start_0_2"]
