@@ -111,6 +111,18 @@ def run_restart(launcher: Launcher, bench: Bench, nproc: int) -> dict[str, float
     }
 
 
+def run_restart_floor(bench: Bench, nproc: int) -> dict[str, float]:
+    """The restart gap with no launcher: from a stamp the bare program writes just before it starts
+    `nproc` fresh workers to the last one's start stamp (nothing to detect, nothing to stop)."""
+    run_dir, stamps = bench.fresh("restart-floor")
+    cmd = floor_command(bench.worker, nproc, stamps / "fail")
+    with launched(cmd, cwd=run_dir, env=worker_env("start", stamps)) as proc:
+        expect_exit(proc, (0,), "restart floor")
+    spawning, _ = read_stamp(stamps / "fail")
+    started = [read_stamp(stamps / f"start_0_{rank}")[0] for rank in range(nproc)]
+    return {f"restart_gap@{nproc}": max(started) - spawning}
+
+
 def _events(run_dir: Path) -> Iterator[dict[str, Any]]:
     """elastic-hydra's events from every events.jsonl under `run_dir`/eh_logs, in file order.
 

@@ -14,12 +14,14 @@ TargetKind = Literal["ratio_at_most", "ratio_at_least", "ours_zero", "bound", "n
 Samples = dict[str, dict[str, list[float]]]  # metric key -> launcher (or FLOOR) -> values
 
 FLOOR_HOW = (
-    "launch only, in the same rounds (elastic-hydra, torchrun, floor, ...): no launcher, a "
-    "stdlib-only Python program (`python -c`, workloads.BARE) Popens nproc `python -u` workers "
-    "with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, dummy MASTER_ADDR/MASTER_PORT and the "
-    "BENCH_* env, waits for all and exits 0; Popen of that program to its exit. What any launcher "
-    "that starts fresh worker interpreters pays; above floor = (median elastic-hydra - median "
-    "floor) / (median torchrun - median floor), the launchers' own overhead compared."
+    "launch and restart gap, in the same rounds (elastic-hydra, torchrun, floor, ...): no "
+    "launcher, a stdlib-only Python program (`python -c`, workloads.BARE) Popens nproc `python -u` "
+    "workers with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, dummy MASTER_ADDR/MASTER_PORT "
+    "and the BENCH_* env, and waits for all. Launch: Popen of that program to its exit. Restart "
+    "gap: from a stamp it writes just before its Popen loop to the last worker's start stamp. "
+    "What any launcher that starts fresh worker interpreters pays; above floor = (median "
+    "elastic-hydra - median floor) / (median torchrun - median floor), the launchers' own "
+    "overhead compared."
 )
 
 
@@ -235,7 +237,7 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
         f"- Date: {meta['date']}",
         f"- Python {meta['python']}, torch {meta['torch']}, elastic-hydra {meta['elastic_hydra']}",
         f"- Runs per metric: {meta['runs']} per launcher, alternating elastic-hydra / torchrun "
-        f"(/ floor, for launch) after one discarded warm-up round"
+        f"(/ floor, for launch and restart) after one discarded warm-up round"
         f"{' (--quick)' if meta['quick'] else ''}; log throughput: {meta['lines']:,} lines per "
         "worker",
         f"- Bytecode: elastic-hydra's package ({meta['compiled']}) is byte-compiled before the "

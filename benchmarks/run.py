@@ -4,9 +4,9 @@
 
 Every workload runs both launchers alternately (elastic-hydra, torchrun, elastic-hydra, ...) after
 one warm-up round that is discarded; workers are plain Python scripts that never import torch, so
-what is measured is the launchers' own overhead. The launch workload adds a third runner to each
-round, the floor: no launcher, a bare program that starts the same workers (elastic-hydra,
-torchrun, floor, elastic-hydra, ...). Writes latest.md, latest.json and latest.svg
+what is measured is the launchers' own overhead. The launch and restart workloads add a third
+runner to each round, the floor: no launcher, a bare program that starts the same workers
+(elastic-hydra, torchrun, floor, elastic-hydra, ...). Writes latest.md, latest.json and latest.svg
 into --out (default: results/ next to this file) and prints the Markdown table. Metric families
 for --only: launch, restart, detection, memory (peak RSS and CPU), logs, shutdown, rendezvous
 (several agents on this host over c10d), departure (elastic-hydra only: a killed agent noticed).
@@ -43,6 +43,7 @@ from measure import (
     run_memory,
     run_rendezvous,
     run_restart,
+    run_restart_floor,
     run_shutdown,
 )
 from procs import BenchError, sweep
@@ -81,7 +82,14 @@ WORKLOADS = (
     Workload(
         "launch", frozenset({"launch"}), run_launch, (1, 4, 16, 64), (1, 4), floor=run_launch_floor
     ),
-    Workload("restart", frozenset({"restart", "detection"}), run_restart, (2, 8), (2,)),
+    Workload(
+        "restart",
+        frozenset({"restart", "detection"}),
+        run_restart,
+        (2, 8),
+        (2,),
+        floor=run_restart_floor,
+    ),
     Workload("memory", frozenset({"memory"}), run_memory, (MEMORY_NPROC,), (MEMORY_NPROC,)),
     Workload("logs", frozenset({"logs"}), run_logs, (LOGS_NPROC,), (LOGS_NPROC,)),
     Workload("shutdown", frozenset({"shutdown"}), run_shutdown, (SHUTDOWN_NPROC,), (4,)),

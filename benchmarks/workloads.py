@@ -73,9 +73,13 @@ elif mode == "hold":
 
 
 # The floor: Popen `nproc` workers with the least environment a launcher gives, wait for all.
+# With a third argument, first write a stamp there (the restart floor's "failure" time).
 BARE = """\
-import os, subprocess, sys
+import os, subprocess, sys, time
 script, n = sys.argv[1], int(sys.argv[2])
+if len(sys.argv) > 3:
+    with open(sys.argv[3], "w") as f:
+        f.write(f"{time.time()!r} {os.getpid()}")
 procs = [
     subprocess.Popen([sys.executable, "-u", script], env=dict(
         os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
@@ -150,9 +154,10 @@ def command(
     ]  # fmt: skip
 
 
-def floor_command(script: Path, nproc: int) -> list[str]:
-    """The bare program (no launcher) that runs `script` on `nproc` local workers."""
-    return [sys.executable, "-c", BARE, str(script), str(nproc)]
+def floor_command(script: Path, nproc: int, stamp: Path | None = None) -> list[str]:
+    """The bare program (no launcher) that runs `script` on `nproc` local workers; with `stamp`,
+    it first writes the time it starts them there."""
+    return [sys.executable, "-c", BARE, str(script), str(nproc), *([str(stamp)] if stamp else [])]
 
 
 def worker_env(mode: str, stamps: Path, **extra: str) -> dict[str, str]:

@@ -67,7 +67,7 @@ def test_markdown_and_json_show_the_floor_only_where_measured(
     assert "| 0.800 / 0.900 / 1.000 | 0.37x | 0.10x | <= 0.25x | not met |" in launch
     gap = next(ln for ln in lines if ln.startswith("| restart gap"))
     assert "| 0.300 / 0.400 / 0.500 | - | 0.11x | - | <= 0.2x | met |" in gap
-    assert any(ln.startswith("- **floor (no launcher)**: launch only") for ln in lines)
+    assert any(ln.startswith("- **floor (no launcher)**: launch and restart gap") for ln in lines)
     assert any("(/pkg/elastic_hydra) is byte-compiled" in ln for ln in lines)
     doc = json.loads((tmp_path / "latest.json").read_text())
     by_key = {row["key"]: row for row in doc["metrics"]}
@@ -86,10 +86,15 @@ def test_the_floor_program_starts_every_rank_with_a_launchers_env(
     stamps = tmp_path / "stamps"
     stamps.mkdir()
     proc = subprocess.run(
-        workloads.floor_command(workloads.write_worker(tmp_path), 3),
+        workloads.floor_command(workloads.write_worker(tmp_path), 3, stamps / "fail"),
         env=workloads.worker_env("start", stamps),
         timeout=60,
         check=False,
     )
     assert proc.returncode == 0
-    assert sorted(p.name for p in stamps.iterdir()) == ["start_0_0", "start_0_1", "start_0_2"]
+    names = sorted(p.name for p in stamps.iterdir())
+    assert names == ["fail", "start_0_0", "start_0_1", "start_0_2"]
+    # The restart floor's stamp is written before any worker starts.
+    spawning = float((stamps / "fail").read_text().split()[0])
+    starts = [float((stamps / f"start_0_{r}").read_text().split()[0]) for r in range(3)]
+    assert spawning <= min(starts)
