@@ -255,6 +255,36 @@ def test_a_sweep_without_multirun_is_one_line_and_creates_nothing(workdir: Path)
     assert not (workdir / "eh_logs").exists()
 
 
+LEAVE = """
+import logging, logging.handlers, sys
+from elastic_hydra import entry
+# A buffering handler that writes only when flushed: what the exit must not lose.
+target = logging.FileHandler(sys.argv[1])
+logging.getLogger().addHandler(logging.handlers.MemoryHandler(1000, target=target))
+logging.getLogger().warning("kept at exit")
+print("buffered on a pipe", end="")
+entry._leave(SystemExit(int(sys.argv[2]) if sys.argv[2].isdigit() else sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize(("code", "expected"), [("3", 3), ("0", 0), ("bye", 1)])
+def test_the_exit_skips_teardown_but_flushes_logs_and_streams(
+    tmp_path: Path, code: str, expected: int
+) -> None:
+    log = tmp_path / "launcher.log"
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAVE, str(log), code],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == expected, proc.stderr
+    assert proc.stdout == "buffered on a pipe"
+    assert log.read_text() == "kept at exit\n"
+    assert proc.stderr == ("bye\n" if code == "bye" else "")
+
+
 # ------------------------------------------------------------------------------------ completion
 def complete(line: str, cwd: Path) -> list[str]:
     # What Hydra's bash function does: COMP_LINE/COMP_POINT set, then `<app> -sc query=bash`.
