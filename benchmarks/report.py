@@ -240,7 +240,7 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
         f"(/ floor, for launch and restart) after one discarded warm-up round"
         f"{' (--quick)' if meta['quick'] else ''}; log throughput: {meta['lines']:,} lines per "
         "worker",
-        f"- Bytecode: elastic-hydra's package ({meta['compiled']}) is byte-compiled before the "
+        f"- Bytecode: elastic-hydra ({meta['compiled']}) is byte-compiled before the "
         "runs, as pip install does (torch's was at its install)",
         f"- Command: `{meta['command']}`",
         "",

@@ -183,9 +183,9 @@ def run_workload(
 
 
 def compile_package() -> str:
-    """Byte-compile the installed elastic_hydra package as pip does on install; return its dir.
+    """Byte-compile the elastic_hydra package as pip does on install; say how it is installed.
 
-    An editable install under PYTHONDONTWRITEBYTECODE=1 (set on our machines) would otherwise
+    An editable install under PYTHONDONTWRITEBYTECODE=1 (common in containers) would otherwise
     compile the package's source again at every launch (~0.05-0.1 s), which an installed launcher
     never pays; torch's modules were compiled when it was installed.
     """
@@ -194,7 +194,7 @@ def compile_package() -> str:
         raise SystemExit("elastic_hydra is not installed")
     package = spec.submodule_search_locations[0]
     compileall.compile_dir(package, quiet=1)
-    return package
+    return "installed" if "site-packages" in Path(package).parts else "editable"
 
 
 def main(argv: list[str] | None = None) -> int:
