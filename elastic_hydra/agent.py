@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -25,8 +26,9 @@ from elastic_hydra.executor import Executor, Rendezvous
 from elastic_hydra.logpump import ConsoleSink, drain
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.plan import Dynamic, LaunchPlan, worker_argv
+from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous import LocalRendezvous
-from elastic_hydra.rundir import RunDir
+from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_private
 from elastic_hydra.summary import failure_record, summarize
 from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
 
@@ -97,19 +99,30 @@ class EventLog:
     """
 
     def __init__(self, path: Path, echo: bool = False) -> None:
-        self.file: IO[str] = path.open("a", buffering=1)
+        self.file: IO[str] | None = os.fdopen(open_private(path), "a", buffering=1)
         self.events: list[Event] = []
         self.echo = echo
 
     def emit(self, kind: EventKind, **data: Any) -> None:
         event = Event(kind=kind, wall_time=time.time(), mono_time=time.monotonic(), data=data)
         self.events.append(event)
-        self.file.write(event.to_json() + "\n")
+        if self.file is not None:
+            try:
+                self.file.write(event.to_json() + "\n")
+            except OSError as exc:  # a full disk: the job goes on, the timeline stops here
+                notices.warn(f"cannot write events.jsonl ({exc.strerror}); no more events saved")
+                self._close_file()
         if self.echo:
             notices.progress(event)
 
+    def _close_file(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = None
+
     def close(self) -> None:
-        self.file.close()
+        self._close_file()
 
 
 class LocalWorkerFactory:
@@ -199,10 +212,23 @@ def end_rendezvous(rdzv: Rendezvous, outcome: RunOutcome, events: EventLog) -> l
     return rdzv.job_failures()
 
 
+def save_summary(run: RunDir, summary: dict[str, Any]) -> None:
+    """summary.json, or the same JSON on stderr when it cannot be written (the run dir was
+    removed, the disk is full): the job's outcome and exit code stay what they are."""
+    text = json.dumps(redact(summary), indent=2, default=str) + "\n"
+    try:
+        write_private(run.summary, text)
+    except OSError as exc:
+        notices.warn(f"cannot write {run.summary} ({exc.strerror}); the summary follows")
+        with contextlib.suppress(OSError):
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+
 def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
-    run_dir.root.mkdir(parents=True, exist_ok=True)
+    run_dir.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     started, started_at = time.monotonic(), time.time()
     flag = StopFlag(entry.pending_signal())
     events = EventLog(run_dir.events, echo=isinstance(plan.rdzv, Dynamic) and not plan.logs.quiet)
@@ -224,11 +250,11 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
             job_failures = end_rendezvous(rdzv, outcome, events)
     except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
         error = {"status": "config_error", "exit_code": exc.exit_code, "message": exc.line()}
-        run_dir.summary.write_text(json.dumps(error, indent=2) + "\n")
+        save_summary(run_dir, error)
         raise
     except BaseException as exc:  # a bug in the launcher: still leave a summary behind
         error = {"status": "error", "exit_code": 70, "message": f"{type(exc).__name__}: {exc}"}
-        run_dir.summary.write_text(json.dumps(error, indent=2) + "\n")
+        save_summary(run_dir, error)
         raise
     finally:
         guard.close()
@@ -250,7 +276,7 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
         duration=time.monotonic() - started,
         job_failures=job_failures,
     )
-    run_dir.summary.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    save_summary(run_dir, summary)
     if outcome.status is not Status.SUCCEEDED:
         from elastic_hydra import render  # rich, only for a report that needs it
 

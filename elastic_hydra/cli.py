@@ -8,10 +8,12 @@ elastic-hydra rdzv-server [--port P]      (see rdzv_server.py)
 from __future__ import annotations
 
 import contextlib
+import copy
+import errno
+import functools
 import json
 import os
 import re
-import shutil
 import socket
 import sys
 import traceback
@@ -34,21 +36,22 @@ from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.core.utils import run_job
 from hydra.errors import ConfigCompositionException, HydraException
 from hydra.types import HydraContext, RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from elastic_hydra import entry, schema
-from elastic_hydra.errors import EXIT_CONFIG, ConfigError, ElasticHydraError
+from elastic_hydra.errors import EXIT_CONFIG, EXIT_WORKERS_FAILED, ConfigError, ElasticHydraError
+from elastic_hydra.jobfile import check_job_file
+from elastic_hydra.notices import warn
 from elastic_hydra.plan import LaunchPlan, to_dict
-from elastic_hydra.resolve import check_job_file, explain, resolve_config
-from elastic_hydra.rundir import RunDir
+from elastic_hydra.redact import redact, redact_env
+from elastic_hydra.resolve import explain, resolve_config
+from elastic_hydra.rundir import PRIVATE_DIR, RunDir, write_private
 
 CONF_MODULE = "elastic_hydra.conf"
 PRESET_GROUPS = ("rdzv", "restart", "logs")
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
-PLAN_FILE = "plan.json"
-RESULT_FILE = "result.json"
-RESOLVED_CONFIG_FILE = "config.yaml"
+_WORLD_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}  # not the user's path: exit 1, not 2
 
 schema.register()
 OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
@@ -179,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(130)
     except yaml.YAMLError as exc:
         _fail(exc, f"job: not valid YAML ({' '.join(str(exc).split())})", EXIT_CONFIG)
+    except OSError as exc:  # the world's fault (a full disk, a path that cannot be), not a bug
+        where = f" {exc.filename}" if exc.filename else ""
+        code = EXIT_WORKERS_FAILED if exc.errno in _WORLD_FAULTS else EXIT_CONFIG
+        _fail(exc, f"cannot write{where}: {exc.strerror or exc}", code)
     except Exception as exc:  # a bug in the launcher, not the user's fault
         if isinstance(exc, ValueError) and _raised_in_hydra(exc):
             _fail(exc, _usage_line(exc, args), EXIT_CONFIG)
@@ -283,7 +290,8 @@ def _run_once(inv: Invocation) -> bool:
     For a run, `hydra.main` composes the config twice: once only to read `hydra.mode`, then again
     to run (about 0.07 s each). This is its run path (`Hydra.run`) with a single composition. Any
     other Hydra flag, a sweep, a job that sets `hydra.mode: MULTIRUN` and a composition error go
-    to Hydra's main, which then decides and reports exactly as it always does.
+    to Hydra's main, which then decides and reports exactly as it always does. The job is resolved
+    and its run dir made before Hydra's job runner starts: bad input creates nothing.
     """
     if not inv.plain_run:
         return False
@@ -307,11 +315,12 @@ def _run_once(inv: Invocation) -> bool:
         if cfg.hydra.mode is None:
             cfg.hydra.mode = RunMode.RUN
             cfg.hydra.overrides.hydra.append("hydra.mode=RUN")  # as Hydra's main records it
+        prepared = _prepare(cfg)
         callbacks = Callbacks(cfg)
         callbacks.on_run_start(config=cfg, config_name=inv.config_name)
         ret = run_job(
             hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
-            task_function=_task,
+            task_function=functools.partial(_task, prepared=prepared),
             config=cfg,
             job_dir_key="hydra.run.dir",
             job_subdir_key=None,
@@ -323,29 +332,55 @@ def _run_once(inv: Invocation) -> bool:
     return True
 
 
-def _task(cfg: DictConfig) -> None:
+def _prepare(cfg: DictConfig) -> tuple[LaunchPlan, RunDir]:
+    """Resolve a composed run and make its private run dir, before anything else is written.
+
+    Raises:
+        ConfigError: bad input, or a `logs.root` where no run dir can be made; nothing is left.
+    """
+    if "logs" not in cfg:
+        resolve_config(cfg)  # raises: the job does not include elastic_hydra_base
+    run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
+    with open_dict(cfg.hydra.runtime):  # as Hydra's job runner sets it, for ${hydra:...} values
+        cfg.hydra.runtime.output_dir = run_dir
+    HydraConfig.instance().set_config(cfg)
+    task_cfg = copy.deepcopy(cfg)
+    with open_dict(task_cfg):
+        del task_cfg["hydra"]
+    plan = resolve_config(task_cfg, run_dir=run_dir)
+    try:
+        run = RunDir.create(Path(run_dir), logs_root=Path(str(cfg.logs.root)))
+    except OSError as exc:
+        raise ConfigError(
+            "logs.root",
+            f"cannot make the run directory {exc.filename or run_dir} ({exc.strerror})",
+            cfg.logs.root,
+            "expected a writable directory, e.g. logs.root=$HOME/eh_logs",
+        ) from None
+    return plan, run
+
+
+def _task(cfg: DictConfig, prepared: tuple[LaunchPlan, RunDir] | None = None) -> None:
     hc = HydraConfig.get()
-    run_dir = hc.runtime.output_dir
     overrides = list(OmegaConf.to_container(hc.overrides.task, resolve=False))  # type: ignore[arg-type]
     swept = hc.mode == RunMode.MULTIRUN
-    try:
-        plan = resolve_config(cfg, run_dir=run_dir)
-    except ConfigError as exc:
-        # Reported here, not raised: Hydra would add its own line, and a sweep must go on.
-        print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
-        result = JobResult(overrides, EXIT_CONFIG, run_dir, exc.line(), swept=swept)
-        if swept:
-            _record(result)
-        else:
-            _remove_run_dir(Path(run_dir))  # bad input leaves nothing behind
-            _results.append(result)
-        return
-    Path(run_dir, PLAN_FILE).write_text(json.dumps(to_dict(plan), indent=2) + "\n")
-    # Resolved once here, so workers that use Hydra see one set of values (e.g. one ${now:}).
-    OmegaConf.save(cfg, Path(run_dir, RESOLVED_CONFIG_FILE), resolve=True)
+    if prepared is None:  # a sweep's job, in the dir Hydra's launcher made
+        run = RunDir(Path(hc.runtime.output_dir))
+        run.make_private()
+        try:
+            plan = resolve_config(cfg, run_dir=str(run.root))
+        except ConfigError as exc:
+            # Reported here, not raised: Hydra would add its own line, and a sweep must go on.
+            print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
+            _save_config(run, cfg, overrides)
+            _record(JobResult(overrides, EXIT_CONFIG, str(run.root), exc.line(), swept=swept))
+            return
+    else:
+        plan, run = prepared
+    _save_config(run, cfg, overrides, plan)
     if (signum := entry.pending_signal()) is not None:  # stopped before anything started
         stopped = "stopped before the launch"
-        _record(JobResult(overrides, 128 + signum, run_dir, stopped, swept=swept))
+        _record(JobResult(overrides, 128 + signum, plan.run_dir, stopped, swept=swept))
         raise _SweepStopped(128 + signum)
     result = launch(plan, overrides, swept=swept)
     _record(result)
@@ -353,17 +388,31 @@ def _task(cfg: DictConfig) -> None:
         raise _SweepStopped(result.exit_code)
 
 
+def _save_config(
+    run: RunDir, cfg: DictConfig, overrides: list[str], plan: LaunchPlan | None = None
+) -> None:
+    """Hydra's saved config (.hydra/), the plan and the config resolved once, secrets masked.
+
+    Resolved once here, so workers that use Hydra see one set of values (e.g. one ${now:}).
+    """
+    run.hydra_dir.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+    hydra_cfg = OmegaConf.to_container(HydraConfig.instance().cfg, resolve=False)
+    saved = {
+        run.hydra_dir / "config.yaml": OmegaConf.to_container(cfg, resolve=False),
+        run.hydra_dir / "hydra.yaml": hydra_cfg,
+        run.hydra_dir / "overrides.yaml": overrides,
+    }
+    if plan is not None:
+        saved[run.config] = OmegaConf.to_container(cfg, resolve=True)
+    for path, data in saved.items():
+        write_private(path, OmegaConf.to_yaml(OmegaConf.create(redact(data))))
+    if plan is not None:
+        write_private(run.plan, json.dumps(plan_dict(plan), indent=2) + "\n")
+
+
 _hydra_entry = hydra.main(
     version_base="1.3", config_path="pkg://" + CONF_MODULE, config_name="config"
 )(_task)
-
-
-def _remove_run_dir(path: Path) -> None:
-    """Remove a run dir that holds nothing but Hydra's saved config, and its emptied parents."""
-    if {p.name for p in path.iterdir()} <= {".hydra"}:
-        shutil.rmtree(path, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            os.removedirs(path.parent)
 
 
 def launch(plan: LaunchPlan, overrides: list[str], *, swept: bool) -> JobResult:
@@ -374,10 +423,21 @@ def launch(plan: LaunchPlan, overrides: list[str], *, swept: bool) -> JobResult:
     return JobResult(overrides, code, plan.run_dir, details.get("message", ""), details, swept)
 
 
+def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
+    """plan.json's content: the plan, secret values of its extra environment masked."""
+    return {**to_dict(plan), "env": redact_env(plan.env)}
+
+
 def _record(result: JobResult) -> None:
     _results.append(result)
     payload = {"overrides": result.overrides, "exit_code": result.exit_code, **result.details}
-    Path(result.run_dir, RESULT_FILE).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    try:
+        write_private(
+            RunDir(Path(result.run_dir)).result,
+            json.dumps(redact(payload), indent=2, default=str) + "\n",
+        )
+    except OSError as exc:  # the run dir was removed or the disk is full: the code still counts
+        warn(f"cannot write result.json ({exc.strerror}: {exc.filename})")
 
 
 # ----------------------------------------------------------------------------------------- report

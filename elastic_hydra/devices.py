@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -21,6 +22,71 @@ _SMI_FIELDS = "index,uuid,name,memory.total,pci.bus_id"
 
 def allowed_cpus() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def process_room() -> int | None:
+    """How many more tasks (processes and threads) may start here, where a limit says so.
+
+    The smallest room under the kernel's task limits, this cgroup's pids.max and, for users
+    other than root, RLIMIT_NPROC. None when nothing could be read.
+    """
+    rooms = [r for r in (_kernel_room(), _cgroup_room(), _rlimit_room()) if r is not None]
+    return min(rooms) if rooms else None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _kernel_room() -> int | None:
+    limits = [_read_int(Path(f"/proc/sys/kernel/{n}")) for n in ("threads-max", "pid_max")]
+    known = [n for n in limits if n is not None]
+    try:  # "1.0 0.9 0.8 2/345 6789": 345 tasks exist
+        tasks = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return min(known) - tasks if known else None
+
+
+def _cgroup_room() -> int | None:
+    for group in _pids_cgroups():
+        limit, current = _read_int(group / "pids.max"), _read_int(group / "pids.current")
+        if limit is not None and current is not None:
+            return limit - current
+    return None
+
+
+def _pids_cgroups() -> list[Path]:
+    """Where this process's pids limit may be: cgroup v1's pids hierarchy, or cgroup v2."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    groups = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if "pids" in controllers.split(","):
+            groups.append(SYSFS / "fs/cgroup/pids" / rel)
+        elif controllers == "":
+            groups += [SYSFS / "fs/cgroup" / rel, SYSFS / "fs/cgroup/unified" / rel]
+    return groups
+
+
+def _rlimit_room() -> int | None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft == resource.RLIM_INFINITY or os.geteuid() == 0:  # root is not held to it
+        return None
+    uid, tasks = os.geteuid(), 0
+    for entry in os.scandir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                tasks += len(os.listdir(f"/proc/{entry.name}/task"))
+    return soft - tasks
 
 
 def node_cpus(node: int) -> tuple[int, ...]:

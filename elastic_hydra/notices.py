@@ -42,6 +42,11 @@ def progress(event: Event) -> None:
             _say(f"elastic-hydra: {d['reason']}")
 
 
+def warn(text: str) -> None:
+    """Something went wrong that does not change the job's outcome (a file we could not write)."""
+    _say(f"elastic-hydra: warning: {text}")
+
+
 def _colour() -> bool:
     """Colour as rich decides it: NO_COLOR wins, then FORCE_COLOR, then a terminal that has it."""
     if os.environ.get("NO_COLOR"):

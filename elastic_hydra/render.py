@@ -26,6 +26,7 @@ from elastic_hydra import tracebacks
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.notices import took
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
+from elastic_hydra.redact import redact_env
 
 if TYPE_CHECKING:
     from elastic_hydra.cli import JobResult
@@ -56,7 +57,7 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
     table.add_row("restart", describe_restart(plan.restart))
     table.add_row("stop grace", f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)")
     table.add_row("command", shlex.join(plan.argv))
-    env = "\n".join(f"{k}={v}" for k, v in plan.env) or "(none)"
+    env = "\n".join(f"{k}={v}" for k, v in redact_env(plan.env)) or "(none)"
     table.add_row("extra env", env)
     logs = plan.logs
     console_text = "quiet" if logs.quiet else ("tee " if logs.tee else "files only")

@@ -9,16 +9,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import re
 import shlex
 import shutil
 import signal
+import string
 import sys
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -53,6 +54,9 @@ DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379, "etcd": 2379}
 STATIC_DEFAULT_PORT = 29500
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+_ROLE = re.compile(r"[\w.-]{1,64}\Z")
+_PREFIX_SPEC = re.compile(r"[<>^]?(1[0-6]|[1-9])?\Z")
+MAX_NPROC = 1024  # workers per node; torchrun has no bound and forks until PIDs run out
 _NNODES_FORM = "expected N or MIN:MAX with 1 <= MIN <= MAX, e.g. nnodes=2 or nnodes=2:4"
 
 
@@ -63,6 +67,7 @@ class Host:
     cwd: str
     environ: Mapping[str, str]
     machine: Machine
+    process_room: Callable[[], int | None] = devices.process_room
 
     @classmethod
     def current(cls) -> Host:
@@ -118,23 +123,12 @@ def _check_known_keys(cfg: DictConfig) -> None:
     walk(cfg, "")
 
 
-def check_job_file(path: str) -> None:
-    """Catch YAML 1.1's base-60 reading of an unquoted `nnodes: 2:4` (the integer 124)."""
-    text = Path(path).read_text(errors="replace")
-    found = re.search(r"^\s*nnodes:\s*(\d+):(\d+)\s*(#.*)?$", text, re.MULTILINE)
-    if found:
-        lo, hi = found.group(1), found.group(2)
-        value = int(lo) * 60 + int(hi)
-        raise ConfigError(
-            "nnodes", f"YAML reads the unquoted {lo}:{hi} in {path} as the integer {value}",
-            value, f'quote it: nnodes: "{lo}:{hi}"',
-        )  # fmt: skip
-
-
 def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
     """Resolve a typed job config (see `resolve_config`)."""
+    _check_finite(conf)
     nnodes = parse_nnodes(conf.nnodes)
     nproc, from_gpus = resolve_nproc(conf.nproc_per_node, host.machine)
+    _check_process_room(nproc, conf.nproc_per_node, host)
     run_id = conf.rdzv.id
     if conf.rdzv.backend == "slurm":
         conf, nnodes, run_id = _slurm(conf, nnodes, host.environ)
@@ -155,7 +149,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         nproc_per_node=nproc,
         rdzv=rdzv,
         run_id=run_id or (uuid.uuid4().hex if isinstance(rdzv, Standalone) else "none"),
-        role=_nonempty("role", conf.role),
+        role=_role(conf.role),
         local_addr=conf.local_addr or None,
         restart=_restart(conf.restart),
         logs=_logs(conf.logs, nproc),
@@ -169,7 +163,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
 
 # --------------------------------------------------------------------------------------- topology
 def parse_nnodes(value: object) -> NodeRange:
-    """`2` -> 2..2, `"2:4"` -> 2..4 (see `check_job_file` for YAML's unquoted 2:4)."""
+    """`2` -> 2..2, `"2:4"` -> 2..4 (see `jobfile.check_job_file` for YAML's unquoted 2:4)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError("nnodes", "not a node count", value, _NNODES_FORM)
     parts = str(value).strip().split(":")
@@ -492,15 +486,7 @@ def _logs(logs: LogsConf, nproc: int) -> LogSpec:
                 f"expected local ranks in 0..{nproc - 1}",
             )
         ranks = frozenset(logs.ranks)
-    try:
-        logs.prefix.format(role="r", rank=0, local_rank=0)
-    except Exception as exc:  # str.format raises many kinds for bad fields
-        raise ConfigError(
-            "logs.prefix",
-            f"bad format field {exc}",
-            logs.prefix,
-            "expected text with {role}, {rank} or {local_rank}",
-        ) from None
+    _prefix(logs.prefix)
     if logs.tail_lines < 0:
         raise ConfigError("logs.tail_lines", "is negative", logs.tail_lines, "expected 0 or more")
     return LogSpec(
@@ -541,9 +527,61 @@ def _seconds(key: str, value: float, allow_zero: bool = False) -> float:
     return float(value)
 
 
-def _nonempty(key: str, value: str) -> str:
-    if not value.strip():
-        raise ConfigError(key, "is empty", value, "expected a name")
+def _check_finite(conf: object, prefix: str = "") -> None:
+    """NaN passes every range check and infinity most: neither is a number of seconds."""
+    for f in dataclasses.fields(conf):  # type: ignore[arg-type]
+        value = getattr(conf, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(
+                f"{prefix}{f.name}", "is not a finite number", value, "expected a number, e.g. 30"
+            )
+
+
+def _check_process_room(nproc: int, given: object, host: Host) -> None:
+    if nproc > MAX_NPROC:
+        raise ConfigError(
+            "nproc_per_node", f"more than {MAX_NPROC} workers on one node", given,
+            f"expected 1..{MAX_NPROC}",
+        )  # fmt: skip
+    room = host.process_room()
+    if room is not None and nproc > room:
+        raise ConfigError(
+            "nproc_per_node", f"this machine can start only {max(room, 0)} more processes",
+            given, f"expected at most {max(room, 1)}",
+            "Raise the limit (ulimit -u, the cgroup's pids.max) or start fewer workers.",
+        )  # fmt: skip
+
+
+def _role(value: str) -> str:
+    """ROLE_NAME and the console prefix: a name, not text that moves the cursor."""
+    if not _ROLE.match(value):
+        raise ConfigError(
+            "role", "not a role name", value,
+            "expected 1-64 letters, digits, '_', '-' or '.', e.g. role=trainer",
+        )  # fmt: skip
+    return value
+
+
+def _prefix(value: str) -> str:
+    """The console prefix: only {role} {rank} {local_rank}, a bounded width, no control bytes."""
+    form = "expected text with {role}, {rank} or {local_rank}, e.g. '[{role}{local_rank}]:'"
+    if len(value) > 64 or any(not ch.isprintable() for ch in value):
+        raise ConfigError("logs.prefix", "too long or holds control characters", value, form)
+    try:
+        fields = list(string.Formatter().parse(value))
+    except ValueError as exc:
+        raise ConfigError("logs.prefix", f"bad format ({exc})", value, form) from None
+    for _, name, spec, conversion in fields:
+        if name is None:
+            continue
+        if name not in ("role", "rank", "local_rank") or conversion or "{" in (spec or ""):
+            raise ConfigError("logs.prefix", f"bad format field {{{name}}}", value, form)
+        if spec and not _PREFIX_SPEC.match(spec):
+            raise ConfigError(
+                "logs.prefix", f"bad width {spec!r}", value, "expected e.g. {rank:>3} (width <= 16)"
+            )
     return value
 
 

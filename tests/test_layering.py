@@ -25,6 +25,7 @@ PURE = [
     "elastic_hydra.tracebacks",
     "elastic_hydra.gpus",
     "elastic_hydra.slurm",
+    "elastic_hydra.redact",
 ]
 # Pure means no I/O, no clock, no process state: none of these may be imported.
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
