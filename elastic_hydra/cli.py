@@ -40,12 +40,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from elastic_hydra import entry, schema
+from elastic_hydra.config_errors import explain
 from elastic_hydra.errors import EXIT_CONFIG, EXIT_WORKERS_FAILED, ConfigError, ElasticHydraError
 from elastic_hydra.jobfile import check_job_file
 from elastic_hydra.notices import warn
 from elastic_hydra.plan import LaunchPlan, to_dict
 from elastic_hydra.redact import redact, redact_env
-from elastic_hydra.resolve import explain, resolve_config
+from elastic_hydra.resolve import resolve_config
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, write_private
 
 CONF_MODULE = "elastic_hydra.conf"
@@ -163,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         print(f"elastic-hydra {_version()} (hydra-core {hydra.__version__})")
         sys.exit(0)
     args = _completion_args(args)
+    inv: Invocation | None = None
     try:
         if args[:1] == ["report"]:
             sys.exit(report(args[1:]))
@@ -175,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             sys.exit(_print_plan(inv))
         code = _run_hydra(inv)
     except (ConfigError, HydraException, OmegaConfBaseException) as exc:
-        _fail(exc, explain(exc), EXIT_CONFIG)
+        _fail(exc, explain(exc, job=inv.job if inv is not None else None), EXIT_CONFIG)
     except ElasticHydraError as exc:
         _fail(exc, str(exc), exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals

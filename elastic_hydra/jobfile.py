@@ -71,3 +71,21 @@ def _check_yaml_size(path: str, text: str) -> None:
             "job", f"{path} expands to {expanded} YAML nodes through its aliases", path,
             f"expected at most {MAX_JOB_NODES}; use fewer nested aliases (&name / *name)",
         )  # fmt: skip
+
+
+def locate_key(path: Path, dotted: str) -> int | None:
+    """The line (1-based) of a dotted key in a job file, or None where the file does not hold it."""
+    try:
+        node = yaml.compose(path.read_text(), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    line = None
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        found = [(k, v) for k, v in node.value if getattr(k, "value", None) == part]
+        if not found:
+            return None
+        key, node = found[-1]
+        line = key.start_mark.line + 1
+    return line

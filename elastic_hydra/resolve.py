@@ -1,13 +1,12 @@
 """Composed config -> validated, frozen `LaunchPlan`. All configuration checks live here.
 
-Every problem raises `ConfigError` naming the key, the value and the fix; `explain` turns Hydra's
-and OmegaConf's own composition errors into the same one-line form.
+Every problem raises `ConfigError` naming the key, the value and the fix; `config_errors` turns
+Hydra's and OmegaConf's own composition errors into the same one-line form.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import math
 import os
@@ -22,11 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
 from elastic_hydra import devices, schema, slurm
+from elastic_hydra.config_errors import from_omegaconf, unknown_key
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import (
     Action,
@@ -99,7 +98,7 @@ def resolve_config(cfg: DictConfig, *, run_dir: str = "", host: Host | None = No
     try:
         conf = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
-        raise _from_omegaconf(exc) from None
+        raise from_omegaconf(exc) from None
     assert isinstance(conf, ElasticHydraConf)
     return resolve(conf, run_dir=run_dir, host=host or Host.current())
 
@@ -115,7 +114,7 @@ def _check_known_keys(cfg: DictConfig) -> None:
             if path in ("env", "hp"):
                 continue
             if path not in known and path not in prefixes:
-                raise _unknown_key(path)
+                raise unknown_key(path)
             child = node._get_node(key)
             if path in prefixes and isinstance(child, DictConfig):
                 walk(child, f"{path}.")
@@ -583,60 +582,3 @@ def _prefix(value: str) -> str:
                 "logs.prefix", f"bad width {spec!r}", value, "expected e.g. {rank:>3} (width <= 16)"
             )
     return value
-
-
-# ------------------------------------------------------------------------- hydra's own errors
-def explain(exc: BaseException) -> str:
-    """One line for a composition error raised by Hydra or OmegaConf."""
-    if isinstance(exc, ConfigError):
-        return exc.line()
-    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
-        group, _, option = exc.missing_cfg_file.rpartition("/")
-        choices = ", ".join(exc.options or [])
-        if group:
-            return ConfigError(group, "no such preset", option, f"expected one of {choices}").line()
-        return ConfigError("job", "config not found", exc.missing_cfg_file, "check the path").line()
-    if isinstance(exc, OverrideParseException):
-        first = str(exc).strip().splitlines()[0]
-        text = getattr(exc, "override", None) or first
-        return (
-            f"overrides: cannot parse {text!r} ({first}); expected key=value. "
-            "Quote values with spaces or special characters."
-        )
-    cause = exc.__cause__ if isinstance(exc, HydraException) else None
-    if isinstance(cause, OmegaConfBaseException):
-        return _from_omegaconf(cause).line()
-    if isinstance(exc, OmegaConfBaseException):
-        return _from_omegaconf(exc).line()
-    return " ".join(str(exc).split())
-
-
-def _from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
-    key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "config")
-    msg = str(getattr(exc, "msg", "") or exc).strip().splitlines()[0]
-    if key.startswith("env.") and "not a subclass of str" not in msg:
-        return ConfigError(
-            key, "not a plain value", "<invalid>", "expected text, e.g. env.NAME=value"
-        )
-    if re.match(r"Key '.*' not in", msg) or (isinstance(exc, ConfigKeyError) and "not in" in msg):
-        return _unknown_key(key)
-    if "Missing mandatory value" in msg:
-        return ConfigError(key, "required value is missing", "???", f"set it: {key}=...")
-    found = re.search(r"Value '(.*)' of type '(\w+)'", msg)
-    value: object = found.group(1) if found else "<invalid>"
-    return ConfigError(
-        key, msg.rstrip("."), value, f"expected {schema.describe(schema.field_type(key))}"
-    )
-
-
-def _unknown_key(key: str) -> ConfigError:
-    known = schema.schema_keys()
-    last = key.rsplit(".", 1)[-1]
-    near = (
-        difflib.get_close_matches(key, known, n=1)
-        or [
-            k for k in known if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.75)
-        ][:1]
-    )
-    hint = f"Did you mean {near[0]}?" if near else "See elastic-hydra --help for the keys."
-    return ConfigError(key, "unknown key", key, "expected a key of the job schema", hint)

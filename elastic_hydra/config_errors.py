@@ -1,0 +1,80 @@
+"""Hydra's and OmegaConf's composition errors as elastic-hydra's one line: key, value, fix.
+
+Each pattern parsed here is pinned by a test that holds the upstream message it reads.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from elastic_hydra import schema
+from elastic_hydra.errors import ConfigError
+from elastic_hydra.jobfile import locate_key
+
+
+def explain(exc: BaseException, job: Path | None = None) -> str:
+    """One line for a composition error raised by Hydra or OmegaConf.
+
+    An error in the job file (a typo, a wrong type) names the file and line of the key too.
+    """
+    if isinstance(exc, ConfigError):
+        return exc.line()
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
+        group, _, option = exc.missing_cfg_file.rpartition("/")
+        choices = ", ".join(exc.options or [])
+        if group:
+            return ConfigError(group, "no such preset", option, f"expected one of {choices}").line()
+        return ConfigError("job", "config not found", exc.missing_cfg_file, "check the path").line()
+    if isinstance(exc, OverrideParseException):
+        first = str(exc).strip().splitlines()[0]
+        text = getattr(exc, "override", None) or first
+        return (
+            f"overrides: cannot parse {text!r} ({first}); expected key=value. "
+            "Quote values with spaces or special characters."
+        )
+    # Hydra wraps OmegaConf's error, sometimes only as the implicit context.
+    cause = (exc.__cause__ or exc.__context__) if isinstance(exc, HydraException) else exc
+    if isinstance(cause, OmegaConfBaseException):
+        error = from_omegaconf(cause)
+        where = None if job is None else locate_key(job, error.key)
+        if where is not None:
+            error.problem += f" in {job}:{where}"
+        return error.line()
+    return " ".join(str(exc).split())
+
+
+def from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
+    key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "config")
+    msg = str(getattr(exc, "msg", "") or exc).strip().splitlines()[0]
+    if key.startswith("env.") and "not a subclass of str" not in msg:
+        return ConfigError(
+            key, "not a plain value", "<invalid>", "expected text, e.g. env.NAME=value"
+        )
+    if re.match(r"Key '.*' not in", msg) or (isinstance(exc, ConfigKeyError) and "not in" in msg):
+        return unknown_key(key)
+    if "Missing mandatory value" in msg:
+        return ConfigError(key, "required value is missing", "???", f"set it: {key}=...")
+    expected = schema.describe(schema.field_type(key))
+    found = re.search(r"Value '(.*)' of type '(\w+)'", msg)
+    if found and "could not be converted" in msg:  # "... could not be converted to Float"
+        return ConfigError(key, f"not {expected}", found.group(1), f"expected {expected}")
+    value: object = found.group(1) if found else "<invalid>"
+    return ConfigError(key, msg.rstrip("."), value, f"expected {expected}")
+
+
+def unknown_key(key: str) -> ConfigError:
+    known = schema.schema_keys()
+    last = key.rsplit(".", 1)[-1]
+    near = (
+        difflib.get_close_matches(key, known, n=1)
+        or [
+            k for k in known if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.75)
+        ][:1]
+    )
+    hint = f"Did you mean {near[0]}?" if near else "See elastic-hydra --help for the keys."
+    return ConfigError(key, "unknown key", key, "expected a key of the job schema", hint)
