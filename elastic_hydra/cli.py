@@ -400,9 +400,9 @@ def _save_config(
     run.hydra_dir.mkdir(mode=PRIVATE_DIR, exist_ok=True)
     hydra_cfg = OmegaConf.to_container(HydraConfig.instance().cfg, resolve=False)
     saved = {
-        run.hydra_dir / "config.yaml": OmegaConf.to_container(cfg, resolve=False),
-        run.hydra_dir / "hydra.yaml": hydra_cfg,
-        run.hydra_dir / "overrides.yaml": overrides,
+        run.saved_config: OmegaConf.to_container(cfg, resolve=False),
+        run.saved_hydra: hydra_cfg,
+        run.saved_overrides: overrides,
     }
     if plan is not None:
         saved[run.config] = OmegaConf.to_container(cfg, resolve=True)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
-HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +71,8 @@ class RunDir:
         Only files named here are removed, and a directory only once it is empty: a file someone
         else put there keeps its directory (and that directory's parents).
         """
-        files = [self.plan, self.config, self.events, self.summary, self.result]
-        for path in files + [self.hydra_dir / name for name in HYDRA_FILES]:
+        saved = [self.saved_config, self.saved_hydra, self.saved_overrides]
+        for path in [self.plan, self.config, self.events, self.summary, self.result, *saved]:
             with contextlib.suppress(OSError):
                 path.unlink()
         with contextlib.suppress(OSError):
@@ -115,6 +114,19 @@ class RunDir:
     @property
     def hydra_dir(self) -> Path:
         return self.root / ".hydra"
+
+    @property
+    def saved_config(self) -> Path:
+        """The job's config as composed, unresolved (Hydra's .hydra/config.yaml)."""
+        return self.hydra_dir / "config.yaml"
+
+    @property
+    def saved_hydra(self) -> Path:
+        return self.hydra_dir / "hydra.yaml"
+
+    @property
+    def saved_overrides(self) -> Path:
+        return self.hydra_dir / "overrides.yaml"
 
     def rank_dir(self, round_no: int, local_rank: int) -> Path:
         return self.root / f"attempt_{round_no}" / str(local_rank)
