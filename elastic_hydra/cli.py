@@ -120,6 +120,58 @@ def quote_arg(arg: str) -> str:
     return QuotedString(text=text, quote=Quote.single).with_quotes()
 
 
+# Values Hydra's grammar reads as a bool, number or null (`true`, `1e3`, `0x1`, `inf`...).
+_LITERAL = re.compile(
+    r"(?i)(true|false|null|[+-]?(inf|nan)|[+-]?(\d[\d_]*)?\.?\d[\d_]*(e[+-]?\d+)?|0x[\da-f]+)\Z"
+)
+
+
+def keep_as_typed(override: str) -> str:
+    """Quote a literal-looking value of a text key, so `cmd=true` stays the program `true` and
+    `env.X=1e3` reaches the workers as `1e3` (Hydra would make them `True` and `1000.0`)."""
+    key, sep, value = override.partition("=")
+    name = key.lstrip("+~")
+    if not sep or not _LITERAL.match(value):
+        return override
+    kind = schema.field_type(name)
+    text_key = name.startswith("env.") or kind is str or (kind == (str | None) and value != "null")
+    return f"{key}={quote_arg(value)}" if text_key else override
+
+
+# torchrun's flags and the key each one is spelled as here.
+_TORCHRUN_KEYS = {
+    "nproc-per-node": "nproc_per_node", "nnodes": "nnodes", "node-rank": "node_rank",
+    "max-restarts": "restart.max_restarts", "rdzv-backend": "rdzv", "rdzv-endpoint":
+    "rdzv.endpoint", "rdzv-id": "rdzv.id", "master-addr": "master_addr", "master-port":
+    "master_port", "monitor-interval": "monitor_interval", "role": "role", "local-addr":
+    "local_addr", "log-dir": "logs.root", "module": "module", "no-python": "cmd",
+}  # fmt: skip
+_AFTER_DASHES = "the script's own arguments go after --, e.g. script=train.py -- --lr 0.1"
+
+
+def _refuse_torchrun_habit(arg: str) -> None:
+    """A word that is neither key=value nor ours: say how it is spelled here, in one line."""
+    if ("=" in arg.lstrip("-") and not arg.startswith("-")) or arg.startswith("~"):
+        return
+    if arg == "--standalone":
+        raise ConfigError(arg, "is torchrun's flag", arg, "write rdzv=standalone (the default)")
+    flag, _, value = arg.lstrip("-").partition("=")
+    key = _TORCHRUN_KEYS.get(flag.replace("_", "-"))
+    if arg.startswith("-") and key is not None:
+        spelled = f"{key}={value}" if value else f"{key}=VALUE"
+        hint = _AFTER_DASHES[0].upper() + _AFTER_DASHES[1:] + "."
+        raise ConfigError(flag, "is torchrun's flag", arg, f"write {spelled}", hint)
+    if arg.startswith("-"):
+        raise ConfigError(arg, "not an elastic-hydra flag", arg, _AFTER_DASHES)
+    if arg.endswith(".py"):
+        raise ConfigError(
+            "script", "a bare script path is torchrun's form", arg, f"write script={arg}",
+            "Its arguments go after --.",
+        )  # fmt: skip
+    expected = f"expected overrides like nproc_per_node=2; {_AFTER_DASHES}"
+    raise ConfigError(arg, "not key=value", arg, expected)
+
+
 def parse_argv(argv: Sequence[str]) -> Invocation:
     """Split our argv into Hydra's: job file -> -cd/-cn, `-- args` -> one args=[...] override."""
     argv = list(argv)
@@ -150,7 +202,8 @@ def parse_argv(argv: Sequence[str]) -> Invocation:
             job = Path(arg)
             flags += _job_flags(job)
         else:
-            overrides.append(arg)
+            _refuse_torchrun_habit(arg)
+            overrides.append(keep_as_typed(arg))
     if script_args is not None:
         overrides.append("args=[" + ",".join(quote_arg(a) for a in script_args) + "]")
     return Invocation(flags, overrides, plan_only, multirun, job)

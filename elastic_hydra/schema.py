@@ -137,9 +137,10 @@ class ElasticHydraConf:
 def register() -> None:
     """Register the schema; `elastic_hydra_base.yaml` pulls it in through its defaults list."""
     node = OmegaConf.structured(ElasticHydraConf)
-    # Open the free-form mappings so `env.NCCL_DEBUG=INFO` and `hp.lr=0.1` need no `+`.
-    OmegaConf.set_struct(node.env, False)
-    OmegaConf.set_struct(node.hp, False)
+    # Open the free-form mappings so `env.NCCL_DEBUG=INFO`, `hp.lr=0.1` and
+    # `restart.on_signal.SIGKILL=fail` need no `+`.
+    for mapping in (node.env, node.hp, node.restart.on_exit_code, node.restart.on_signal):
+        OmegaConf.set_struct(mapping, False)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=node)
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from elastic_hydra.cli import main
+from elastic_hydra.cli import keep_as_typed, main
 from elastic_hydra.config_errors import from_omegaconf
+from elastic_hydra.plan import LaunchPlan
 from elastic_hydra.schema import ElasticHydraConf
 
 BASE = "defaults:\n  - elastic_hydra_base\n  - _self_\nscript: x.py\n"
@@ -67,3 +70,77 @@ def test_the_upstream_messages_these_lines_are_made_from() -> None:
     assert from_omegaconf(wrong_type.value).line() == (
         "stop_grace: not a number (got 'soon'); expected a number."
     )
+
+
+# ------------------------------------------------------------- documented forms, values as typed
+def plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    """The plan a launch would run (plan.json), through the real command line, started nothing."""
+    from elastic_hydra import agent
+
+    plans: list[LaunchPlan] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        mp.setattr(agent, "run", lambda plan: (plans.append(plan), (0, {}))[1])
+        with pytest.raises(SystemExit) as exit_info:
+            main(list(args))
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    (plan,) = plans
+    return json.loads((Path(plan.run_dir) / "plan.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_restart_rules_take_readmes_forms_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "x.py").write_text("")
+    plan = plan_json(
+        tmp_path,
+        capsys,
+        "script=x.py",
+        "restart.on_exit_code={3: fail}",
+        "restart.on_exit_code.4=retry",
+        "restart.on_signal.SIGKILL=fail",
+    )
+    assert plan["restart"]["on_exit_code"] == [[3, "fail"], [4, "retry"]]
+    assert plan["restart"]["on_signal"] == [[9, "fail"]]
+
+
+def test_text_values_reach_the_workers_as_typed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = plan_json(
+        tmp_path, capsys, "cmd=true", "env.X=1e3", "env.BAR=true", "env.N=007", "rdzv.id=1e3"
+    )
+    assert plan["entrypoint"]["program"] == "true"
+    assert plan["env"] == [["X", "1e3"], ["BAR", "true"], ["N", "007"]]
+    assert plan["run_id"] == "1e3"
+    assert keep_as_typed("nproc_per_node=2") == "nproc_per_node=2"  # numbers stay numbers
+    assert keep_as_typed("env.X=1,2") == "env.X=1,2"  # a sweep stays a sweep
+    assert keep_as_typed("cmd=null") == "cmd=null"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["train.py"], "script: a bare script path is torchrun's form (got 'train.py'); write "
+         "script=train.py. Its arguments go after --."),
+        (["--nproc-per-node=2", "train.py"], "nproc-per-node: is torchrun's flag (got "
+         "'--nproc-per-node=2'); write nproc_per_node=2. The script's own arguments go after --, "
+         "e.g. script=train.py -- --lr 0.1."),
+        (["--standalone", "train.py"], "--standalone: is torchrun's flag (got '--standalone'); "
+         "write rdzv=standalone (the default)."),
+        (["script=train.py", "--lr", "0.1"], "--lr: not an elastic-hydra flag (got '--lr'); the "
+         "script's own arguments go after --, e.g. script=train.py -- --lr 0.1."),
+    ],
+)  # fmt: skip
+def test_torchrun_habits_get_the_spelling_here(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    line: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"elastic-hydra: error: {line}"]
