@@ -10,6 +10,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from typing import IO, Any
 
 from elastic_hydra import entry, notices
 from elastic_hydra.capture import read_failure
+from elastic_hydra.contain import Containment, become_subreaper
 from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.events import Event, EventKind
@@ -35,6 +37,7 @@ from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
 FORWARDED_SIGNALS = entry.STOP_SIGNALS
 HOST = socket.gethostname()
 BOOTSTRAP = Path(__file__).with_name("bootstrap.py")
+CONSOLE_GRACE = 5.0  # seconds the final console output may wait for a stalled console
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 
 
@@ -128,8 +131,11 @@ class EventLog:
 class LocalWorkerFactory:
     """Builds each attempt's worker specs and starts them."""
 
-    def __init__(self, plan: LaunchPlan, run: RunDir, flag: StopFlag, guard: GroupGuard) -> None:
+    def __init__(
+        self, plan: LaunchPlan, run: RunDir, flag: StopFlag, guard: GroupGuard, contain: Containment
+    ) -> None:
         self.guard = guard
+        self.contain = contain
         self.plan = plan
         self.run = run
         self.flag = flag
@@ -143,7 +149,7 @@ class LocalWorkerFactory:
         specs = [
             self._spec(node, restart_count, round_no, lr) for lr in range(self.plan.nproc_per_node)
         ]
-        return LocalWorkers(specs, self.sink, self.flag.read_fd, self.guard)
+        return LocalWorkers(specs, self.sink, self.flag.read_fd, self.guard, self.contain)
 
     def _spec(
         self, node: NodeAssignment, restart_count: int, round_no: int, local_rank: int
@@ -212,6 +218,19 @@ def end_rendezvous(rdzv: Rendezvous, outcome: RunOutcome, events: EventLog) -> l
     return rdzv.job_failures()
 
 
+@contextmanager
+def console_deadline(code: int, seconds: float) -> Iterator[None]:
+    """Exit with `code` if the block still runs `seconds` from now: its console output is
+    blocked on a terminal that stopped reading, and everything else is on disk already."""
+    timer = threading.Timer(seconds, os._exit, (code,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def save_summary(run: RunDir, summary: dict[str, Any]) -> None:
     """summary.json, or the same JSON on stderr when it cannot be written (the run dir was
     removed, the disk is full): the job's outcome and exit code stay what they are."""
@@ -235,14 +254,17 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     rdzv: Rendezvous | None = None
     outcome: RunOutcome | None = None
     job_failures: list[dict[str, Any]] = []
-    guard = GroupGuard()
+    become_subreaper()
+    contain = Containment(str(run_dir.root))
+    guard = GroupGuard(contain)
+    factory = LocalWorkerFactory(plan, run_dir, flag, guard, contain)
     try:
         with handle_signals(flag):
             rdzv = make_rendezvous(plan, flag, run_dir)
             outcome = Executor(
                 plan,
                 rendezvous=rdzv,
-                workers=LocalWorkerFactory(plan, run_dir, flag, guard),
+                workers=factory,
                 clock=RealClock(flag),
                 observer=events,
                 stop=flag,
@@ -257,6 +279,8 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
         save_summary(run_dir, error)
         raise
     finally:
+        contain.kill_all()  # what left the workers' groups: daemons, setsid children
+        contain.close()
         guard.close()
         if rdzv is not None:
             rdzv.close()
@@ -277,10 +301,14 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
         job_failures=job_failures,
     )
     save_summary(run_dir, summary)
-    if outcome.status is not Status.SUCCEEDED:
-        from elastic_hydra import render  # rich, only for a report that needs it
+    # Everything is on disk: a console that stopped reading may delay the end, not hold it.
+    with console_deadline(outcome.exit_code, CONSOLE_GRACE):
+        if factory.sink is not None:
+            factory.sink.close(timeout=CONSOLE_GRACE)
+        if outcome.status is not Status.SUCCEEDED:
+            from elastic_hydra import render  # rich, only for a report that needs it
 
-        render.print_failure(summary)
-    elif not plan.logs.quiet:
-        notices.succeeded(summary)
+            render.print_failure(summary)
+        elif not plan.logs.quiet:
+            notices.succeeded(summary)
     return outcome.exit_code, summary

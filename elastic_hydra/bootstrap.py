@@ -40,7 +40,9 @@ def main() -> None:
         sys.exit(2)
     fault_path = os.environ.get(FAULT_FILE_ENV)
     if fault_path:
-        faulthandler.enable(open(fault_path, "w"), all_threads=True)  # noqa: SIM115 - lives on
+        # Private, like every file of the run dir; it lives as long as the worker.
+        fault = os.fdopen(os.open(fault_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
+        faulthandler.enable(fault, all_threads=True)
     # The user's code gets a fresh `__main__` module that stays in sys.modules to the end (atexit
     # handlers and pickling find it), as with plain python. (This file's functions keep their
     # own globals.)
@@ -104,7 +106,7 @@ def _record(exc: BaseException, when: float) -> None:
             },
             "elastic_hydra": {"time": when, "stacks": _chain(exc)},
         }
-        with open(path, "w") as f:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             json.dump(data, f, default=repr)
     except Exception as err:  # recording must never hide the user's own error
         sys.stderr.write(f"elastic-hydra bootstrap: cannot record the error in {path}: {err}\n")

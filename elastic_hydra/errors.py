@@ -2,7 +2,9 @@
 
 ElasticHydraError
  ├── ConfigError          a user's configuration is wrong: one line, exit code 2
- └── RendezvousError      the rendezvous could not complete (unreachable, closed, timed out): exit 3
+ ├── RendezvousError      the rendezvous could not complete (unreachable, closed, timed out): exit 3
+ ├── WorkerStartError     a worker could not be started (E2BIG, EAGAIN, ENOMEM): exit 1
+ └── LogWriteError        a worker's log could not be written (a full disk): the job stops, exit 1
 """
 
 from __future__ import annotations
@@ -51,3 +53,15 @@ class RendezvousError(ElasticHydraError):
     """The rendezvous failed; the message says what, where and which setting to change."""
 
     exit_code = EXIT_RENDEZVOUS
+
+
+class WorkerStartError(ElasticHydraError):
+    """A worker process could not be started; the message names the cause and what to do."""
+
+
+class LogWriteError(ElasticHydraError):
+    """A worker's output could not be written to its log file (a full disk, an I/O error)."""
+
+    def __init__(self, cause: OSError) -> None:
+        where = f" ({cause.filename})" if cause.filename else ""
+        super().__init__(f"cannot write the workers' logs: {cause.strerror}{where}")

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from elastic_hydra import policy
 from elastic_hydra.env import NodeAssignment
-from elastic_hydra.errors import RendezvousError
+from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, describe_returncode, root_cause
 from elastic_hydra.plan import Action, LaunchPlan, Standalone, Static
@@ -49,6 +49,8 @@ class Rendezvous(Protocol):
 
 
 class WorkerGroup(Protocol):
+    paused: list[int]  # local ranks found stopped (SIGSTOP) when the group was stopped
+
     @property
     def pids(self) -> list[int]: ...
 
@@ -92,6 +94,7 @@ class _Ended(enum.Enum):
     FAILED = "failed"
     MEMBERSHIP = "membership"
     ENDED_ELSEWHERE = "ended_elsewhere"
+    LOGS_FAILED = "logs_failed"
     RENDEZVOUS_LOST = "rendezvous_lost"
     STOPPED = "stopped"
 
@@ -143,7 +146,11 @@ class Executor:
             if (stopped := self._stopped()) is not None:  # a signal during the rendezvous
                 return stopped
             self.state.node = node
-            group = self.start_workers(node, self.state.restarts, self.state.rounds)
+            try:
+                group = self.start_workers(node, self.state.restarts, self.state.rounds)
+            except WorkerStartError as exc:  # retrying would fail the same way
+                self.state.rounds += 1
+                return self._finish(Status.FAILED, str(exc))
             started = self.clock.mono()
             self.observer.emit(EventKind.WORKERS_STARTED, pids=group.pids, round=self.state.rounds)
             ended, reason = self._monitor(group, node)
@@ -153,7 +160,7 @@ class Executor:
                 return self._finish(Status.SUCCEEDED, reason)
             if ended is _Ended.STOPPED:
                 return self._finish(Status.STOPPED, reason, self.stop_request.signum)
-            if ended is _Ended.ENDED_ELSEWHERE:
+            if ended in (_Ended.ENDED_ELSEWHERE, _Ended.LOGS_FAILED):
                 return self._finish(Status.FAILED, reason)
             if ended is _Ended.RENDEZVOUS_LOST:
                 return self._finish(Status.RENDEZVOUS_FAILED, reason)
@@ -175,7 +182,10 @@ class Executor:
 
     def _monitor(self, group: WorkerGroup, node: NodeAssignment) -> tuple[_Ended, str]:
         while True:
-            records = [self._record(exited, node) for exited in group.wait(self.check_every)]
+            try:
+                records = [self._record(exited, node) for exited in group.wait(self.check_every)]
+            except LogWriteError as exc:  # a full disk: stop, say why (no restart would help)
+                return _Ended.LOGS_FAILED, str(exc)
             if (signum := self.stop_request.signum) is not None:
                 self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
                 return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
@@ -256,6 +266,7 @@ class Executor:
                 reason=reason,
                 signal=signal.Signals(sig or signal.SIGTERM).name,
                 stopped_ranks=running,
+                paused_ranks=group.paused,  # found stopped (SIGSTOP), resumed to exit
                 stuck_pids=stuck,
             )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import selectors
 import shutil
@@ -20,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from elastic_hydra.contain import Containment
+from elastic_hydra.errors import LogWriteError, WorkerStartError
 from elastic_hydra.logpump import ConsoleSink, LinePrefixer, drain, write_all
+from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -53,12 +57,20 @@ class Exited:
 # util-linux's setpriv sets the death signal and execs the worker: a ~1 ms C program, where a
 # Python preexec_fn forces a full fork of the agent (~10 ms per worker, measured).
 _SETPRIV = shutil.which("setpriv")
+# The worker's first program after setpriv: it runs no code of the worker until the agent says so.
+# The death signal is armed by then, but the agent may have died just before: check the parent.
+# Then wait for the agent's go (one line on the gate, stdin): the agent sends it once the guard
+# knows the worker's group and the worker is in the launch's cgroup, so nothing the worker starts
+# can escape either. End of file means the agent died meanwhile.
+_TRAMPOLINE = '[ "$PPID" = "$1" ] && read -r _ || exit 125; shift; exec "$@" </dev/null'
+EXIT_NOT_RELEASED = 125
 
 
 def _launch_options(argv: tuple[str, ...]) -> tuple[list[str], Callable[[], None] | None]:
+    gated = ["/bin/sh", "-c", _TRAMPOLINE, "sh", str(os.getpid()), *argv]
     if _SETPRIV is not None:
-        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
-    return list(argv), _die_with_parent(os.getpid())
+        return [_SETPRIV, "--pdeathsig", "KILL", "--", *gated], None
+    return gated, _die_with_parent(os.getpid())
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:
@@ -70,28 +82,58 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     return child
 
 
+def _private_dirs(rank_dir: Path) -> None:
+    """attempt_<n>/<local_rank>/, private like the run dir."""
+    for directory in (rank_dir.parent, rank_dir):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=PRIVATE_DIR, parents=True)
+
+
+def _start_error(spec: WorkerSpec, exc: OSError) -> WorkerStartError:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    hint = {
+        errno.E2BIG: " An argument or the environment is too large for the kernel (one argument "
+        "may be at most 128 KiB): pass large values in a file.",
+        errno.EAGAIN: " The machine or the user's process limit is full (ulimit -u, pids.max).",
+        errno.ENOMEM: " The machine is out of memory.",
+    }.get(exc.errno or 0, "")
+    return WorkerStartError(
+        f"cannot start the worker of local rank {spec.local_rank}: {exc.strerror} ({name})"
+        f"{f' at {exc.filename}' if exc.filename else ''}.{hint}"
+    )
+
+
 class _Worker:
     def __init__(self, spec: WorkerSpec, sink: ConsoleSink | None) -> None:
         self.spec = spec
-        spec.stdout.parent.mkdir(parents=True, exist_ok=True)
-        out = os.open(spec.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        err = os.open(spec.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        _private_dirs(spec.stdout.parent)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        out = os.open(spec.stdout, flags, PRIVATE_FILE)
+        err = os.open(spec.stderr, flags, PRIVATE_FILE)
         self.files = {1: out, 2: err}
         tee = spec.tee and sink is not None
         argv, preexec = _launch_options(spec.argv)
-        self.proc = subprocess.Popen(
-            argv,
-            env=spec.env,
-            cwd=spec.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if tee else out,
-            stderr=subprocess.PIPE if tee else err,
-            start_new_session=True,
-            preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
-        )
+        gate, self._go = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                env=spec.env,
+                cwd=spec.cwd,
+                stdin=gate,
+                stdout=subprocess.PIPE if tee else out,
+                stderr=subprocess.PIPE if tee else err,
+                start_new_session=True,
+                preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
+            )
+        except OSError:
+            for fd in (out, err, self._go):
+                os.close(fd)
+            raise
+        finally:
+            os.close(gate)
         self.pid = self.proc.pid
         if spec.cpus:
-            # Set before the interpreter (still starting) creates any thread; threads inherit it.
+            # Set before the worker's program starts; its threads inherit it.
             os.sched_setaffinity(self.pid, spec.cpus)
         self.pidfd = os.pidfd_open(self.pid)
         self.pipes: dict[int, tuple[int, LinePrefixer, IO[bytes]]] = {}
@@ -101,6 +143,21 @@ class _Worker:
                 os.set_blocking(pipe.fileno(), False)
                 self.pipes[pipe.fileno()] = (stream, LinePrefixer(spec.prefix, sink, stream), pipe)
         self.exited: Exited | None = None
+
+    def release(self) -> None:
+        """Let the worker run its program (see _TRAMPOLINE)."""
+        with contextlib.suppress(BrokenPipeError):  # it died already: its exit tells the rest
+            os.write(self._go, b"go\n")
+        os.close(self._go)
+
+    def paused(self) -> bool:
+        """Whether the worker is stopped (SIGSTOP, SIGTSTP, a debugger)."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        return stat[stat.rfind(b")") + 2 :].startswith((b"T", b"t"))
 
     def group_alive(self) -> bool:
         """Whether a live (non-zombie) process remains in the worker's process group."""
@@ -129,13 +186,18 @@ class GroupGuard:
 
     _SCRIPT = (
         'while read -r g; do case $g in exit) exit 0;; reset) gs="";; *) gs="$gs $g";; esac; '
-        "done; for g in $gs; do kill -s KILL -- -$g 2>/dev/null; done"
+        "done; for g in $gs; do kill -s KILL -- -$g 2>/dev/null; done; "
+        # Then whatever left the groups: the launch's cgroup, else the tagged environments.
+        'if [ -n "$1" ]; then echo 1 > "$1/cgroup.kill"; i=0; '
+        'until rmdir "$1" || [ $i -ge 100 ]; do sleep 0.05; i=$((i+1)); done; '
+        'else for p in /proc/[0-9]*; do grep -qsFxz -- "$2" "$p/environ" && '
+        'kill -s KILL "${p#/proc/}"; done; fi 2>/dev/null'
     )
 
-    def __init__(self) -> None:
+    def __init__(self, containment: Containment) -> None:
         read_fd, self._write_fd = os.pipe()  # not inherited by workers: EOF means agent death
         self._proc = subprocess.Popen(
-            ["/bin/sh", "-c", self._SCRIPT],
+            ["/bin/sh", "-c", self._SCRIPT, "guard", *containment.guard_args()],
             stdin=read_fd,
             stdout=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to the terminal must not take the guard down
@@ -172,25 +234,39 @@ class LocalWorkers:
         sink: ConsoleSink | None,
         wake_fd: int,
         guard: GroupGuard | None = None,
+        containment: Containment | None = None,
     ) -> None:
         self._guard = guard
         self._sel = selectors.DefaultSelector()
         self._wake_fd = wake_fd
         self._sel.register(wake_fd, selectors.EVENT_READ, None)
         self.workers: list[_Worker] = []
+        self.paused: list[int] = []  # local ranks found stopped (SIGSTOP) when stop() began
+        self.log_error: OSError | None = None  # a log file that could not be written
+        self._log_error_seen = False
         try:
             for spec in specs:
-                worker = _Worker(spec, sink)
-                self.workers.append(worker)
-                if guard is not None:
-                    guard.watch(worker.pid)
-                self._sel.register(worker.pidfd, selectors.EVENT_READ, worker)
-                for fd in worker.pipes:
-                    self._sel.register(fd, selectors.EVENT_READ, (worker, fd))
-        except BaseException:
+                self._start(spec, sink, containment)
+        except BaseException as exc:
             self.stop(signal.SIGKILL, 0.0)
             self.close()
+            if isinstance(exc, OSError):
+                raise _start_error(spec, exc) from exc
             raise
+
+    def _start(
+        self, spec: WorkerSpec, sink: ConsoleSink | None, contain: Containment | None
+    ) -> None:
+        worker = _Worker(spec, sink)
+        self.workers.append(worker)
+        if contain is not None:
+            contain.add(worker.pid)
+        if self._guard is not None:
+            self._guard.watch(worker.pid)
+        self._sel.register(worker.pidfd, selectors.EVENT_READ, worker)
+        for fd in worker.pipes:
+            self._sel.register(fd, selectors.EVENT_READ, (worker, fd))
+        worker.release()
 
     @property
     def pids(self) -> list[int]:
@@ -208,6 +284,9 @@ class LocalWorkers:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             exited, woken = self._poll(left)
+            if self.log_error is not None and not self._log_error_seen:
+                self._log_error_seen = True  # once: the stop that follows keeps pumping
+                raise LogWriteError(self.log_error)
             if exited or woken or (deadline is not None and time.monotonic() >= deadline):
                 return exited
             if not self.running() and not any(w.pipes for w in self.workers):
@@ -249,7 +328,11 @@ class LocalWorkers:
         except BlockingIOError:
             return
         if data:
-            write_all(worker.files[stream], data)
+            if self.log_error is None:
+                try:
+                    write_all(worker.files[stream], data)
+                except OSError as exc:  # a full disk: the job is stopped, see wait()
+                    self.log_error = exc
             prefixer.feed(data)
             return
         prefixer.flush()
@@ -263,8 +346,10 @@ class LocalWorkers:
         Returns the workers that exited meanwhile and the pids that would not die.
         """
         exited: list[Exited] = []
+        self.paused = [w.spec.local_rank for w in self.workers if w.exited is None and w.paused()]
         for w in self.workers:
             w.signal_group(sig)
+            w.signal_group(signal.SIGCONT)  # a stopped worker can only handle `sig` once resumed
         exited += self._wait_groups(grace)
         if any(w.group_alive() for w in self.workers):
             for w in self.workers:

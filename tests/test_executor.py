@@ -119,6 +119,7 @@ class FakeGroup:
         self.waits: list[float | None] = []
         self.stops: list[tuple[int, float]] = []
         self.closed = False
+        self.paused: list[int] = []
 
     @property
     def pids(self) -> list[int]:
