@@ -215,7 +215,13 @@ def end_rendezvous(rdzv: Rendezvous, outcome: RunOutcome, events: EventLog) -> l
         events.emit(EventKind.EXIT_BARRIER, waited=waited, completed=waited is not None)
     if outcome.status is not Status.STOPPED:
         rdzv.shutdown()
-    return rdzv.job_failures()
+    checked = rdzv.job_failures()
+    if checked.ignored:
+        notices.warn(
+            f"{checked.ignored} failure record(s) in the rendezvous store were ignored "
+            "(malformed, unsigned or from no node of this job)"
+        )
+    return checked.records
 
 
 @contextmanager

@@ -17,7 +17,8 @@ CONFIG_PATH = "ELASTIC_HYDRA_CONFIG"
 FAULT_FILE = "ELASTIC_HYDRA_FAULT_FILE"  # where the bootstrap's faulthandler writes a crash
 
 # Variables torchrun's agent sets for its own use that must not leak into our workers' contract.
-_AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE",)
+# The rendezvous secret signs the agents' records: workers never need it.
+_AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "ELASTIC_HYDRA_RDZV_SECRET")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
+from elastic_hydra import store_records
 from elastic_hydra.env import NodeAssignment
 from elastic_hydra.errors import ConfigError, RendezvousError
 from elastic_hydra.executor import Change, ChangeKind
@@ -32,6 +33,7 @@ EXIT_BARRIER = "torchelastic/agent/terminal_state"
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
 # Ours: every node's failure records, job-wide, in the store that outlives the rounds.
 FAILURES = "elastic_hydra/{run_id}/failures"
+MAX_RECORDS = 1000  # read at most this many: a forged count must not stall the end of the job
 
 _T = TypeVar("_T")
 
@@ -63,6 +65,9 @@ class TorchRendezvous:
         self._members: frozenset[object] = frozenset()
         self._worker_store: Store | None = None  # node 0 after a membership change: see _master
         self._round = -1
+        self._seen: set[str] = set()  # every node of every round this agent took part in
+        secret = os.environ.get(store_records.SECRET_ENV)
+        self.secret = secret.encode() if secret else None
         self.handler: RendezvousHandler = None  # created by the first join (network I/O)
 
     # ------------------------------------------------------------------------------ the protocol
@@ -97,11 +102,15 @@ class TorchRendezvous:
     def publish_failure(self, exit: WorkerExit) -> None:
         if self.job_store is None or self.node is None:
             return
-        record = {**self.describe(exit, self.node), "rdzv_round": self._round}
+        record = {
+            **self.describe(exit, self.node),
+            "rdzv_round": self._round,
+            "node": _node_name(_this_node(self.handler)),
+        }
         key = FAILURES.format(run_id=self.plan.run_id)
         try:
             index = self.job_store.add(f"{key}/count", 1)
-            self.job_store.set(f"{key}/{index}", json.dumps(record, default=str))
+            self.job_store.set(f"{key}/{index}", store_records.seal(record, self.secret))
         except Exception:  # the store is gone: this node's summary still has the record
             return
 
@@ -109,20 +118,27 @@ class TorchRendezvous:
         pass  # agent.end_rendezvous decides: barrier, close the job, or leave it running
 
     # --------------------------------------------------------------------------------- the end
-    def job_failures(self) -> list[dict[str, Any]]:
-        """Every node's published failure records (empty when the store is gone)."""
+    def job_failures(self) -> store_records.Checked:
+        """Every node's published failure records that pass `store_records.check_all` (none
+        when the store is gone), and how many did not."""
         if self.job_store is None:
-            return []
+            return store_records.Checked(records=[], ignored=0)
         key = FAILURES.format(run_id=self.plan.run_id)
-        records = []
+        raws: list[bytes] = []
         try:
-            count = self.job_store.add(f"{key}/count", 0)
+            count = min(int(self.job_store.add(f"{key}/count", 0)), MAX_RECORDS)
             for index in range(1, count + 1):
                 if self.job_store.check([f"{key}/{index}"]):
-                    records.append(json.loads(self.job_store.get(f"{key}/{index}")))
-        except Exception:
+                    raws.append(bytes(self.job_store.get(f"{key}/{index}")))
+        except Exception:  # the store is gone, or holds nonsense: keep what was read
             pass
-        return records
+        legacy = _dynamic_state(self.handler) is None  # legacy etcd names no participants
+        return store_records.check_all(
+            raws,
+            secret=self.secret,
+            nodes=None if legacy else self._seen,
+            last_round=self._round,
+        )
 
     def exit_barrier(self) -> float | None:
         """After success, wait for the other nodes to finish (torchrun's barrier, same keys).
@@ -240,6 +256,7 @@ class TorchRendezvous:
         state = _dynamic_state(self.handler)
         if state is not None:
             self._members, self._round = frozenset(state.participants), state.round
+            self._seen |= {_node_name(n) for n in self._members}
         else:
             self._round += 1
         return NodeAssignment(

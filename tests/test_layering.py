@@ -26,6 +26,7 @@ PURE = [
     "elastic_hydra.gpus",
     "elastic_hydra.slurm",
     "elastic_hydra.redact",
+    "elastic_hydra.store_records",
 ]
 # Pure means no I/O, no clock, no process state: none of these may be imported.
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
