@@ -37,6 +37,9 @@ from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
 FORWARDED_SIGNALS = entry.STOP_SIGNALS
 HOST = socket.gethostname()
 BOOTSTRAP = Path(__file__).with_name("bootstrap.py")
+STORE_FD_ENV = (
+    "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
+)
 CONSOLE_GRACE = 5.0  # seconds the final console output may wait for a stalled console
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 
@@ -144,6 +147,7 @@ class LocalWorkerFactory:
         self.sink = None if plan.logs.quiet or not plan.logs.tee else ConsoleSink()
         self.colour = sys.stdout.isatty()
         self.argv = worker_argv(plan.entrypoint, bootstrap=str(BOOTSTRAP))
+        self.store_fd: int | None = None  # standalone: rank 0's store listens on it
 
     def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> LocalWorkers:
         specs = [
@@ -167,21 +171,30 @@ class LocalWorkerFactory:
             local_rank=local_rank,
             rank=rank,
             argv=self.argv,
-            env=worker_env(
-                self.plan,
-                self.base_env,
-                node,
-                local_rank=local_rank,
-                attempt=restart_count,
-                files=files,
-            ),
+            env=self._env(node, restart_count, local_rank, files),
             cwd=self.cwd,
             stdout=self.run.stdout(round_no, local_rank),
             stderr=self.run.stderr(round_no, local_rank),
             tee=self.sink is not None and (ranks is None or local_rank in ranks),
             prefix=self._prefix(rank, local_rank),
             cpus=self.plan.devices[local_rank].cpus if self.plan.devices else None,
+            pass_fds=(self.store_fd,) if rank == 0 and self.store_fd is not None else (),
         )
+
+    def _env(
+        self, node: NodeAssignment, restart_count: int, local_rank: int, files: WorkerFiles
+    ) -> dict[str, str]:
+        env = worker_env(
+            self.plan,
+            self.base_env,
+            node,
+            local_rank=local_rank,
+            attempt=restart_count,
+            files=files,
+        )
+        if node.base_rank + local_rank == 0 and self.store_fd is not None:
+            env[STORE_FD_ENV] = str(self.store_fd)  # the bootstrap takes it out again
+        return env
 
     def _prefix(self, rank: int, local_rank: int) -> bytes:
         text = self.plan.logs.prefix.format(role=self.plan.role, rank=rank, local_rank=local_rank)
@@ -267,6 +280,8 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     try:
         with handle_signals(flag):
             rdzv = make_rendezvous(plan, flag, run_dir)
+            if isinstance(rdzv, LocalRendezvous):
+                factory.store_fd = rdzv.store_fd
             outcome = Executor(
                 plan,
                 rendezvous=rdzv,

@@ -26,8 +26,13 @@ import sys
 import time
 import types
 
+TYPE_CHECKING = False  # typing is not imported at run time: the bootstrap starts every worker
+if TYPE_CHECKING:
+    from typing import Any
+
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 FAULT_FILE_ENV = "ELASTIC_HYDRA_FAULT_FILE"
+STORE_FD_ENV = "ELASTIC_HYDRA_STORE_FD"
 
 # Frames of the bootstrap itself: runpy's code objects name the real file (`<frozen runpy>` on
 # some versions), whatever the interpreter.
@@ -43,6 +48,9 @@ def main() -> None:
         # Private, like every file of the run dir; it lives as long as the worker.
         fault = os.fdopen(os.open(fault_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
         faulthandler.enable(fault, all_threads=True)
+    store_fd = os.environ.pop(STORE_FD_ENV, None)
+    if store_fd is not None:
+        _listen_on_agents_socket(int(store_fd))
     # The user's code gets a fresh `__main__` module that stays in sys.modules to the end (atexit
     # handlers and pickling find it), as with plain python. (This file's functions keep their
     # own globals.)
@@ -66,6 +74,50 @@ def main() -> None:
         _record(exc, time.time())
         sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
+
+
+def _listen_on_agents_socket(fd: int) -> None:
+    """Rank 0 of a one-node job: the env:// store that torch starts listens on the socket the
+    agent bound to 127.0.0.1 (torch's own would listen on every interface).
+
+    torch is not imported here: when the script imports `torch.distributed.rendezvous`, its store
+    factory is wrapped to hand TCPStore that socket (`master_listen_fd`) for this job's
+    MASTER_PORT. Every other store is torch's as before.
+    """
+    import importlib.abc
+    import importlib.util
+
+    target = "torch.distributed.rendezvous"
+    port = int(os.environ.get("MASTER_PORT", "-1"))
+
+    def wrap(module: Any) -> Any:
+        create = module._create_c10d_store
+
+        def _create_c10d_store(*args: Any) -> Any:  # (hostname, port, rank, world_size, ...)
+            hostname, port_, rank, world_size, timeout, *rest = args
+            if rank != 0 or port_ != port or module._torchelastic_use_agent_store():
+                return create(*args)
+            return module.TCPStore(
+                host_name=hostname, port=port_, world_size=world_size, is_master=True,
+                timeout=timeout, multi_tenant=True, use_libuv=rest[0] if rest else True,
+                master_listen_fd=os.dup(fd),  # the store closes its copy; a restart gets another
+            )  # fmt: skip
+
+        module._create_c10d_store = _create_c10d_store
+        return module
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, *_: Any) -> Any:
+            if name != target:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.loader is not None:
+                run = spec.loader.exec_module
+                spec.loader.exec_module = lambda module: wrap(run(module) or module)  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Finder())
 
 
 def _run_script(script: str) -> None:

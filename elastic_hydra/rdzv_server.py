@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from elastic_hydra import entry
+from elastic_hydra.rendezvous import listen_socket
 
 PREFIX = "elastic-hydra rdzv-server"
 ERR = sys.stderr
@@ -25,6 +26,12 @@ def main(argv: Sequence[str]) -> int:
         description="Host the c10d rendezvous store (a torch TCPStore) until stopped by a signal.",
     )
     parser.add_argument("--port", type=int, default=29400, help="0 picks a free port (printed)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: this machine only); give the address "
+        "the agents' machines reach this one by, e.g. --host node0",
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         print(f"{PREFIX}: --port: out of range (got {args.port}); expected 0..65535", file=ERR)
@@ -32,30 +39,35 @@ def main(argv: Sequence[str]) -> int:
     # Block the stop signals first: from here they wait for sigwait instead of being lost.
     signal.pthread_sigmask(signal.SIG_BLOCK, entry.STOP_SIGNALS)
     try:
-        from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        print(f"{PREFIX}: needs PyTorch: pip install torch", file=ERR)
-        return 2
-    try:
-        store = TCPStore(
-            "0.0.0.0",  # torch's store listens on every interface whatever the host given
-            args.port,
-            is_master=True,
-            multi_tenant=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=60),
-        )
-    except (RuntimeError, ValueError) as exc:
-        reason = " ".join(str(exc).split())
+        sock = listen_socket(args.host, args.port)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
         print(
-            f"{PREFIX}: --port: cannot listen on {args.port} ({reason}); pick a free port",
+            f"{PREFIX}: cannot listen on {args.host}:{args.port} ({reason}); expected an address "
+            "of this machine (--host) and a free port (--port)",
             file=ERR,
         )
         return 2
-    # torch's TCPStore listens on every interface, without authentication.
+    try:
+        from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        print(f"{PREFIX}: needs PyTorch: pip install torch", file=ERR)
+        sock.close()
+        return 2
+    port = sock.getsockname()[1]
+    store = TCPStore(  # torch's own store, on the socket bound to --host alone
+        args.host,
+        port,
+        is_master=True,
+        multi_tenant=True,
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+        timeout=timedelta(seconds=60),
+    )
+    sock.detach()  # the store owns it
     print(
-        f"{PREFIX}: c10d store listening on port {store.port} (all interfaces); "
-        f"agents use rdzv=c10d rdzv.endpoint=<this host>:{store.port}",
+        f"{PREFIX}: c10d store listening on {args.host}:{port}, without authentication; "
+        f"agents use rdzv=c10d rdzv.endpoint={args.host}:{port} rdzv.is_host=false",
         flush=True,
     )
     signum = entry.pending_signal() or signal.sigwait(entry.STOP_SIGNALS)

@@ -22,6 +22,7 @@ from elastic_hydra.errors import ConfigError, RendezvousError
 from elastic_hydra.executor import Change, ChangeKind
 from elastic_hydra.outcome import WorkerExit
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
+from elastic_hydra.rendezvous import listen_socket
 
 # torch's Store and RendezvousHandler, typed loosely: torch is optional and ships partial stubs.
 Store = Any
@@ -213,7 +214,8 @@ class TorchRendezvous:
             **options,
         )
         try:
-            return get_handler(params)
+            with _stores_bound_to_their_host():
+                handler = get_handler(params)
         except Exception as exc:
             raise RendezvousError(
                 f"cannot reach the {self.where}: {_reason(exc)}. Start the "
@@ -224,6 +226,11 @@ class TorchRendezvous:
                     else ""
                 )
             ) from None
+        if hasattr(handler, "_create_tcp_store_server"):  # the store round 0's workers use
+            handler._create_tcp_store_server = lambda addr, port: bound_tcp_store(
+                addr, port, multi_tenant=True
+            )
+        return handler
 
     def _join(self) -> NodeAssignment:
         if self.handler is None:
@@ -300,12 +307,8 @@ class TorchRendezvous:
         """
         store = info.store
         if info.rank == 0 and not store.check([MASTER_ADDR]):
-            from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
-
             addr = info.bootstrap_store_info.master_addr
-            self._worker_store = TCPStore(
-                addr, 0, is_master=True, multi_tenant=True, wait_for_workers=False
-            )
+            self._worker_store = bound_tcp_store(addr, 0, multi_tenant=True, wait_for_workers=False)
             store.set(MASTER_ADDR, addr.encode())
             store.set(MASTER_PORT, str(self._worker_store.port).encode())
         addr = store.get(MASTER_ADDR).decode()
@@ -400,6 +403,46 @@ def _quiet_torch_cpp(quiet: bool) -> Iterator[None]:
         yield
     finally:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
+
+
+def bound_tcp_store(host: str, port: int, **options: Any) -> Store:
+    """A TCPStore server that listens on `host` only, not on every interface."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
+
+    sock = listen_socket(host, port)
+    try:
+        store = TCPStore(
+            host, sock.getsockname()[1], is_master=True, master_listen_fd=sock.fileno(), **options
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now
+    return store
+
+
+@contextlib.contextmanager
+def _stores_bound_to_their_host() -> Iterator[None]:
+    """While torch's c10d backend creates its store: the hosting agent's listens on the
+    endpoint's address alone. A bind that fails (another agent on this machine hosts it) is the
+    error torch expects, so it joins as a client, as it would have."""
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+
+    original = c10d.TCPStore
+
+    def tcp_store(host: str, port: int, *args: Any, is_master: bool = False, **kw: Any) -> Store:
+        if not is_master or args:
+            return original(host, port, *args, is_master=is_master, **kw)
+        try:
+            return bound_tcp_store(host, port, **kw)
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+
+    c10d.TCPStore = tcp_store
+    try:
+        yield
+    finally:
+        c10d.TCPStore = original
 
 
 def _dynamic_state(handler: object) -> Any:

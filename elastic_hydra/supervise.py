@@ -43,6 +43,7 @@ class WorkerSpec:
     tee: bool  # copy output to the console (else the worker writes straight into the files)
     prefix: bytes = b""
     cpus: tuple[int, ...] | None = None  # CPU affinity; None: the agent's
+    pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (rank 0's store socket)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +124,7 @@ class _Worker:
                 stdout=subprocess.PIPE if tee else out,
                 stderr=subprocess.PIPE if tee else err,
                 start_new_session=True,
+                pass_fds=spec.pass_fds,
                 preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
             )
         except OSError:

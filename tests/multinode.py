@@ -158,7 +158,7 @@ def rdzv_server(tmp: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
         )
     try:
         found = wait_for(
-            lambda: re.search(r"listening on port (\d+)", log.read_text()) or proc.poll(),
+            lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read_text()) or proc.poll(),
             60,
             "the rendezvous server to listen",
         )
