@@ -32,8 +32,8 @@ PURE = [
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
 MAY_IMPORT = {
-    "hydra": {"cli.py", "resolve.py", "schema.py"},
-    "omegaconf": {"cli.py", "resolve.py", "schema.py"},
+    "hydra": {"cli.py", "resolve.py", "schema.py", "config_errors.py"},
+    "omegaconf": {"cli.py", "resolve.py", "schema.py", "config_errors.py"},
     "rich": {"render.py"},
 }
 
