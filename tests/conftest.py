@@ -5,9 +5,11 @@ from __future__ import annotations
 import compileall
 import os
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -41,6 +43,17 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):  # t
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+@contextmanager
+def tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A small tmpfs mounted at `path` for the test (root: a full disk, a read-only mount)."""
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ELASTIC_HYDRA, WORKERS, wait_for
+from conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
 
 from elastic_hydra.rundir import RunDir
 
@@ -167,13 +167,8 @@ def test_a_logs_root_that_cannot_be_made_is_one_line_before_anything_starts(work
 
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)], check=True)
-    try:
+    with tmpfs(tmp_path / "ro", "size=1m,ro") as ro:
         yield ro
-    finally:
-        subprocess.run(["umount", str(ro)], check=True)
 
 
 def test_a_read_only_logs_root_is_one_line(work: Path, read_only_dir: Path) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ELASTIC_HYDRA, WORKERS, wait_for
+from conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
 
 from elastic_hydra import supervise
 from elastic_hydra.errors import WorkerStartError
@@ -280,13 +280,8 @@ def test_a_fork_that_fails_is_a_named_failure(
 # ---------------------------------------------------------------------------------- a full disk
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    disk = tmp_path / "small"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
-    try:
+    with tmpfs(tmp_path / "small", "size=2m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def test_a_disk_that_fills_mid_run_stops_the_job_with_a_named_reason(
