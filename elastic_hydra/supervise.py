@@ -146,11 +146,15 @@ class _Worker:
                 self.pipes[pipe.fileno()] = (stream, LinePrefixer(spec.prefix, sink, stream), pipe)
         self.exited: Exited | None = None
 
-    def release(self) -> None:
-        """Let the worker run its program (see _TRAMPOLINE)."""
-        with contextlib.suppress(BrokenPipeError):  # it died already: its exit tells the rest
-            os.write(self._go, b"go\n")
+    def release(self, go: bool = True) -> None:
+        """Let the worker run its program (see _TRAMPOLINE), or, with go=False, make it exit."""
+        if self._go < 0:
+            return
+        if go:
+            with contextlib.suppress(BrokenPipeError):  # it died already: its exit tells the rest
+                os.write(self._go, b"go\n")
         os.close(self._go)
+        self._go = -1
 
     def paused(self) -> bool:
         """Whether the worker is stopped (SIGSTOP, SIGTSTP, a debugger)."""
@@ -386,6 +390,7 @@ class LocalWorkers:
             if w.exited is None:
                 self._sel.unregister(w.pidfd)
                 os.close(w.pidfd)
+            w.release(go=False)  # never released (its start failed half way): it exits
             for fd in w.files.values():
                 os.close(fd)
             # Reap: never leave zombies. One still running is stuck in the kernel (see stop()).
