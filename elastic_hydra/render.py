@@ -29,7 +29,7 @@ from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Sta
 from elastic_hydra.redact import redact_env
 
 if TYPE_CHECKING:
-    from elastic_hydra.cli import JobResult
+    from elastic_hydra.job import JobResult
 
 
 def console(stderr: bool = False, soft_wrap: bool = False) -> Console:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from conftest import ELASTIC_HYDRA, REPO
+from launch import compose, invocation
 from omegaconf import OmegaConf
 
-from elastic_hydra.cli import compose_job, main, parse_argv
+from elastic_hydra.cli import main
 from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
 from elastic_hydra.resolve import resolve_config
 
@@ -72,13 +73,12 @@ def run_cli(
 
 
 # ------------------------------------------------------------------------------------ parse_argv
-def test_script_args_become_one_override_and_survive_byte_for_byte(workdir: Path) -> None:
-    inv = parse_argv(["script=train.py", "nproc_per_node=1", "--", *TRICKY_ARGS])
-    assert inv.flags == []
-    assert inv.overrides[:2] == ["script=train.py", "nproc_per_node=1"]
-    assert len(inv.overrides) == 3 and inv.overrides[2].startswith("args=[")
-    cfg = compose_job(inv)
-    assert list(cfg.args) == TRICKY_ARGS
+def test_script_args_are_kept_apart_and_survive_byte_for_byte(workdir: Path) -> None:
+    inv = invocation("script=train.py", "nproc_per_node=1", "--", *TRICKY_ARGS)
+    assert inv.flags == ()
+    assert inv.overrides == ("script=train.py", "nproc_per_node=1")
+    assert inv.script_args == tuple(TRICKY_ARGS)
+    cfg = compose("script=train.py", "nproc_per_node=1", "--", *TRICKY_ARGS)
     assert OmegaConf.to_container(cfg, resolve=True)["args"] == TRICKY_ARGS  # type: ignore[index]
     plan = resolve_config(cfg)
     assert isinstance(plan.entrypoint, PythonScript)
@@ -94,46 +94,60 @@ def test_script_args_become_one_override_and_survive_byte_for_byte(workdir: Path
     ],
 )
 def test_backslash_before_interpolation_survives(workdir: Path, arg: str) -> None:
-    cfg = compose_job(parse_argv(["script=train.py", "--", arg]))
+    cfg = compose("script=train.py", "--", arg)
     assert OmegaConf.to_container(cfg, resolve=True)["args"] == [arg]  # type: ignore[index]
 
 
-def test_no_double_dash_means_no_args_override() -> None:
-    inv = parse_argv(["script=train.py", "nnodes=1"])
-    assert inv.overrides == ["script=train.py", "nnodes=1"]
-    assert not any(o.startswith("args=") for o in inv.overrides)
+def test_no_double_dash_means_no_script_args() -> None:
+    inv = invocation("script=train.py", "nnodes=1")
+    assert inv.overrides == ("script=train.py", "nnodes=1")
+    assert inv.script_args is None
 
 
 def test_empty_tail_gives_empty_args(workdir: Path) -> None:
-    inv = parse_argv(["script=train.py", "--"])
-    assert inv.overrides[-1] == "args=[]"
-    assert list(compose_job(inv).args) == []
+    assert invocation("script=train.py", "--").script_args == ()
+    assert list(compose("script=train.py", "--").args) == []
+
+
+def test_double_dash_appends_to_the_job_files_args(workdir: Path) -> None:
+    # A job file's args are its defaults: the words after -- come after them (they used to
+    # replace them silently, and examples/jobs/ddp.yaml then failed without --steps/--ckpt).
+    (workdir / "jobs" / "a.yaml").write_text(JOB + "args: [--steps, '${hp.learning_rate}']\n")
+    cfg = compose("jobs/a.yaml", "--", "--lr", "${x}")
+    assert OmegaConf.to_container(cfg, resolve=True)["args"] == [  # type: ignore[index]
+        "--steps", "0.1", "--lr", "${x}",
+    ]  # fmt: skip
+    assert list(compose("jobs/a.yaml", "args=[--only]").args) == ["--only"]  # args= replaces
+    proc = run_cli("jobs/a.yaml", "--plan", "--", "--lr", "1", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "--steps 0.1 --lr 1" in proc.stdout
+    assert "after --" in proc.stdout and "args=[...]" in proc.stdout
 
 
 def test_flags_after_overrides_are_hoisted() -> None:
-    inv = parse_argv(["script=t.py", "-m", "nproc_per_node=1,2"])
+    inv = invocation("script=t.py", "-m", "nproc_per_node=1,2")
     assert inv.multirun
     assert inv.hydra_argv == ["-m", "script=t.py", "nproc_per_node=1,2"]
-    assert not inv.plan_only
+    assert inv.plan is None
 
 
 def test_flag_value_travels_with_its_flag() -> None:
-    inv = parse_argv(["script=t.py", "--cfg", "job", "nnodes=1"])
+    inv = invocation("script=t.py", "--cfg", "job", "nnodes=1")
     assert inv.hydra_argv == ["--cfg", "job", "script=t.py", "nnodes=1"]
 
 
 def test_plan_flag_is_ours_not_hydras() -> None:
-    inv = parse_argv(["script=t.py", "--plan"])
-    assert inv.plan_only
-    assert "--plan" not in inv.hydra_argv
+    assert invocation("script=t.py", "--plan").plan == "text"
+    assert invocation("script=t.py", "--plan=json").plan == "json"
+    assert "--plan" not in invocation("script=t.py", "--plan").hydra_argv
 
 
 def test_job_path_becomes_config_dir_and_name(workdir: Path) -> None:
-    inv = parse_argv(["jobs/x.yaml", "nproc_per_node=2"])
+    inv = invocation("jobs/x.yaml", "nproc_per_node=2")
     assert inv.job == Path("jobs/x.yaml")
-    assert inv.flags == ["--config-dir", str(workdir / "jobs"), "--config-name", "x"]
-    assert inv.overrides == ["nproc_per_node=2"]
-    cfg = compose_job(inv)
+    assert inv.flags == ("--config-dir", str(workdir / "jobs"), "--config-name", "x")
+    assert inv.overrides == ("nproc_per_node=2",)
+    cfg = compose("jobs/x.yaml", "nproc_per_node=2")
     assert cfg.script == "train.py" and cfg.hp.learning_rate == 0.1 and cfg.nproc_per_node == 2
 
 
@@ -329,7 +343,7 @@ def test_example_job_plans(job: Path) -> None:
 
 def test_resilient_example_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    cfg = compose_job(parse_argv(["examples/jobs/resilient.yaml", "hp.greeting=bonjour"]))
+    cfg = compose("examples/jobs/resilient.yaml", "hp.greeting=bonjour")
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
     assert container["nnodes"] == "1"  # quoted in the file: a string, not YAML's integer

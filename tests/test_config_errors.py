@@ -10,7 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from elastic_hydra.cli import keep_as_typed, main
+from elastic_hydra.argv import keep_as_typed
+from elastic_hydra.cli import main
 from elastic_hydra.config_errors import from_omegaconf
 from elastic_hydra.plan import LaunchPlan
 from elastic_hydra.schema import ElasticHydraConf
