@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests", "hydra_range"]
 nox.options.reuse_existing_virtualenvs = True
 
 # Pinned: this version is the local CPU wheel; an unpinned torch pulls GBs of CUDA packages.
@@ -30,6 +30,19 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]", TORCH, "python-etcd")
     # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
     session.run("pytest", *session.posargs)
+
+
+# The hydra-core releases the Hydra boundary supports (pyproject: >=1.3.2,<1.4): oldest, newest.
+HYDRA_RANGE = ["1.3.2", "1.3.8"]
+CLI_TESTS = ["tests/test_cli.py", "tests/test_config_errors.py", "tests/test_one_composition.py"]
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("hydra", HYDRA_RANGE)
+def hydra_range(session: nox.Session, hydra: str) -> None:
+    """The command-line tests against the oldest and the newest supported hydra-core."""
+    session.install("-e", ".[test]", TORCH, "python-etcd", f"hydra-core=={hydra}")
+    session.run("pytest", "-p", "no:cacheprovider", *CLI_TESTS, *session.posargs)
 
 
 @nox.session(python=PYTHON)

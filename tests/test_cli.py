@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,59 @@ def test_a_plain_run_composes_once_and_saves_what_hydra_saves(
     assert hc.mode == "RUN" and list(hc.overrides.hydra) == ["hydra.mode=RUN"]
     assert (hc.job.name, hc.job.config_name) == ("elastic-hydra", "x")
     assert hc.runtime.output_dir == plan.run_dir
+
+
+def test_outside_the_supported_hydra_range_hydra_main_runs_the_same_job(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from elastic_hydra import agent, hydra_boundary
+
+    assert hydra_boundary.internals_supported("1.3.2") and hydra_boundary.internals_supported()
+    assert not hydra_boundary.internals_supported("1.4.0")
+    assert not hydra_boundary.internals_supported("1.3.1")
+    plans: list[LaunchPlan] = []
+
+    def recording(plan: LaunchPlan) -> tuple[int, dict[str, object]]:
+        plans.append(plan)
+        return 0, {}
+
+    monkeypatch.setattr(agent, "run", recording)
+    argv = ["jobs/x.yaml", "nproc_per_node=2", "--", "--lr", "1"]
+    for supported in (True, False):
+        monkeypatch.setattr(hydra_boundary, "internals_supported", lambda s=supported: s)
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0
+    fast, fallback = plans
+    assert fast.run_dir != fallback.run_dir
+    assert replace(fast, run_dir="") == replace(fallback, run_dir="", run_id=fast.run_id)
+    assert fast.argv[-2:] == ("--lr", "1")
+
+
+def test_no_hydra_state_is_left_behind(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hydra._internal import utils as hydra_utils
+
+    from elastic_hydra import agent
+
+    report = hydra_utils.run_and_report
+    argv = list(sys.argv)
+    monkeypatch.setattr(agent, "run", lambda plan: (0, {}))
+    for args in (["jobs/x.yaml"], ["-m", "jobs/x.yaml", "env.X=1,2"], ["jobs/x.yaml", "x=1"]):
+        with pytest.raises(SystemExit):
+            main(args)
+        assert hydra_utils.run_and_report is report and sys.argv == argv
+
+
+def test_importing_the_cli_registers_nothing() -> None:
+    probe = (
+        "import elastic_hydra.cli\n"
+        "from omegaconf import OmegaConf\n"
+        "print(OmegaConf.has_resolver('eh.host'))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=TIMEOUT, check=True
+    )
+    assert proc.stdout.strip() == "False"
 
 
 def test_a_job_that_sets_multirun_mode_sweeps_without_dash_m(workdir: Path) -> None:
