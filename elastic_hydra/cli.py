@@ -14,23 +14,16 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 from typing import NoReturn
-
-import yaml  # type: ignore[import-untyped]
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 
 from elastic_hydra import entry, hydra_boundary, job
 from elastic_hydra.argv import Invocation, parse_argv
 from elastic_hydra.config_errors import explain
 from elastic_hydra.errors import EXIT_CONFIG, EXIT_WORKERS_FAILED, ConfigError, ElasticHydraError
-from elastic_hydra.hydra_boundary import CONF_MODULE
 from elastic_hydra.jobfile import check_job_file
 from elastic_hydra.rundir import RunDir
 
-PRESET_GROUPS = ("rdzv", "restart", "logs")
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
 _WORLD_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}  # not the user's path: exit 1, not 2
 
@@ -55,55 +48,32 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if inv.plan is not None:
             sys.exit(show_plan(inv))
         code = job.run_command(inv)
-    except (ConfigError, HydraException, OmegaConfBaseException) as exc:
-        _fail(exc, explain(exc, job=inv.job if inv is not None else None), EXIT_CONFIG)
-    except ElasticHydraError as exc:
-        _fail(exc, str(exc), exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
         sys.exit(130)
-    except yaml.YAMLError as exc:
-        _fail(exc, f"job: not valid YAML ({' '.join(str(exc).split())})", EXIT_CONFIG)
-    except OSError as exc:  # the world's fault (a full disk, a path that cannot be), not a bug
-        where = f" {exc.filename}" if exc.filename else ""
-        code = EXIT_WORKERS_FAILED if exc.errno in _WORLD_FAULTS else EXIT_CONFIG
-        _fail(exc, f"cannot write{where}: {exc.strerror or exc}", code)
-    except Exception as exc:  # a bug in the launcher, not the user's fault
-        if isinstance(exc, ValueError) and _raised_in_hydra(exc):
-            _fail(exc, _usage_line(exc, args), EXIT_CONFIG)
-        traceback.print_exc()
-        print(
-            "elastic-hydra: internal error (a bug in elastic-hydra, not in your job); "
-            "please report it with the traceback above.",
-            file=sys.stderr,
-        )
-        sys.exit(70)
+    except Exception as exc:
+        _fail_for(exc, inv, args)
     if (signum := entry.pending_signal()) is not None:
         sys.exit(128 + signum)
     sys.exit(code)
 
 
-def _usage_line(exc: ValueError, args: Sequence[str]) -> str:
-    for arg in args:
-        key, _, value = arg.partition("=")
-        group = key.lstrip("+~")
-        if group in PRESET_GROUPS and value and not value[0].isalpha():
-            names = sorted(
-                p.name.rsplit(".", 1)[0]
-                for p in resources.files(CONF_MODULE).joinpath(group).iterdir()
-                if p.name.endswith(".yaml")
-            )
-            return ConfigError(
-                key, "not a preset name", value, f"expected one of {', '.join(names)}"
-            ).line()
-    return f"overrides: {exc}"
-
-
-def _raised_in_hydra(exc: BaseException) -> bool:
-    """Hydra reports some usage errors (flag clashes, odd override values) as ValueError."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and f"{os.sep}hydra{os.sep}" in tb.tb_frame.f_code.co_filename
+def _fail_for(exc: Exception, inv: Invocation | None, args: Sequence[str]) -> NoReturn:
+    """Bad input: one line, exit 2. The world's fault: its own line. Anything else is our bug."""
+    if (line := explain(exc, job=None if inv is None else inv.job, args=args)) is not None:
+        _fail(exc, line, EXIT_CONFIG)
+    if isinstance(exc, ElasticHydraError):
+        _fail(exc, str(exc), exc.exit_code)
+    if isinstance(exc, OSError):  # a full disk, a path that cannot be: not a bug
+        where = f" {exc.filename}" if exc.filename else ""
+        code = EXIT_WORKERS_FAILED if exc.errno in _WORLD_FAULTS else EXIT_CONFIG
+        _fail(exc, f"cannot write{where}: {exc.strerror or exc}", code)
+    traceback.print_exception(exc)
+    print(
+        "elastic-hydra: internal error (a bug in elastic-hydra, not in your job); "
+        "please report it with the traceback above.",
+        file=sys.stderr,
+    )
+    sys.exit(70)
 
 
 def _fail(exc: BaseException, line: str, code: int) -> NoReturn:

@@ -1,4 +1,4 @@
-"""Hydra's and OmegaConf's composition errors as elastic-hydra's one line: key, value, fix.
+"""Hydra's, OmegaConf's and YAML's errors as elastic-hydra's one line: key, value, fix.
 
 Each pattern parsed here is pinned by a test that holds the upstream message it reads.
 """
@@ -6,24 +6,38 @@ Each pattern parsed here is pinned by a test that holds the upstream message it 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 
+import yaml  # type: ignore[import-untyped]
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from elastic_hydra import schema
 from elastic_hydra.errors import ConfigError
+from elastic_hydra.hydra_boundary import CONF_MODULE
 from elastic_hydra.jobfile import locate_key
 
+PRESET_GROUPS = ("rdzv", "restart", "logs")
 
-def explain(exc: BaseException, job: Path | None = None) -> str:
-    """One line for a composition error raised by Hydra or OmegaConf.
+
+def explain(exc: BaseException, job: Path | None = None, args: Sequence[str] = ()) -> str | None:
+    """One line for bad input (ours, Hydra's, OmegaConf's, YAML's); None for any other error.
 
     An error in the job file (a typo, a wrong type) names the file and line of the key too.
+    `args` is the command line, for Hydra's usage errors that do not name the override.
     """
     if isinstance(exc, ConfigError):
         return exc.line()
+    if isinstance(exc, yaml.YAMLError):
+        return f"job: not valid YAML ({' '.join(str(exc).split())})"
+    if isinstance(exc, ValueError) and _raised_in_hydra(exc):
+        return _usage_line(exc, args)
+    if not isinstance(exc, HydraException | OmegaConfBaseException):
+        return None
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
         group, _, option = exc.missing_cfg_file.rpartition("/")
         choices = ", ".join(exc.options or [])
@@ -46,6 +60,30 @@ def explain(exc: BaseException, job: Path | None = None) -> str:
             error.problem += f" in {job}:{where}"
         return error.line()
     return " ".join(str(exc).split())
+
+
+def _usage_line(exc: ValueError, args: Sequence[str]) -> str:
+    for arg in args:
+        key, _, value = arg.partition("=")
+        group = key.lstrip("+~")
+        if group in PRESET_GROUPS and value and not value[0].isalpha():
+            names = sorted(
+                p.name.rsplit(".", 1)[0]
+                for p in resources.files(CONF_MODULE).joinpath(group).iterdir()
+                if p.name.endswith(".yaml")
+            )
+            return ConfigError(
+                key, "not a preset name", value, f"expected one of {', '.join(names)}"
+            ).line()
+    return f"overrides: {exc}"
+
+
+def _raised_in_hydra(exc: BaseException) -> bool:
+    """Hydra reports some usage errors (flag clashes, odd override values) as ValueError."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}hydra{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
