@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from elastic_hydra import hydra_boundary, job
 from elastic_hydra.argv import Invocation, parse_argv
@@ -24,3 +26,10 @@ def plan_of(*argv: str) -> LaunchPlan:
     """The plan a launch of `elastic-hydra ARGV` runs (the one `--plan` prints)."""
     cfg, ctx = hydra_boundary.compose(invocation(*argv))
     return job.plan_of(cfg, ctx)
+
+
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    """A composed config as plain data, interpolations resolved."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}

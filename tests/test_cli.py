@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import ELASTIC_HYDRA, REPO
-from launch import compose, invocation
+from launch import compose, invocation, resolved
 from omegaconf import OmegaConf
 
 from elastic_hydra.cli import main
@@ -80,7 +80,7 @@ def test_script_args_are_kept_apart_and_survive_byte_for_byte(workdir: Path) -> 
     assert inv.overrides == ("script=train.py", "nproc_per_node=1")
     assert inv.script_args == tuple(TRICKY_ARGS)
     cfg = compose("script=train.py", "nproc_per_node=1", "--", *TRICKY_ARGS)
-    assert OmegaConf.to_container(cfg, resolve=True)["args"] == TRICKY_ARGS  # type: ignore[index]
+    assert resolved(cfg)["args"] == TRICKY_ARGS
     plan = resolve_config(cfg)
     assert isinstance(plan.entrypoint, PythonScript)
     assert plan.entrypoint.args == tuple(TRICKY_ARGS)
@@ -96,7 +96,7 @@ def test_script_args_are_kept_apart_and_survive_byte_for_byte(workdir: Path) -> 
 )
 def test_backslash_before_interpolation_survives(workdir: Path, arg: str) -> None:
     cfg = compose("script=train.py", "--", arg)
-    assert OmegaConf.to_container(cfg, resolve=True)["args"] == [arg]  # type: ignore[index]
+    assert resolved(cfg)["args"] == [arg]
 
 
 def test_no_double_dash_means_no_script_args() -> None:
@@ -115,7 +115,7 @@ def test_double_dash_appends_to_the_job_files_args(workdir: Path) -> None:
     # replace them silently, and examples/jobs/ddp.yaml then failed without --steps/--ckpt).
     (workdir / "jobs" / "a.yaml").write_text(JOB + "args: [--steps, '${hp.learning_rate}']\n")
     cfg = compose("jobs/a.yaml", "--", "--lr", "${x}")
-    assert OmegaConf.to_container(cfg, resolve=True)["args"] == [  # type: ignore[index]
+    assert resolved(cfg)["args"] == [
         "--steps", "0.1", "--lr", "${x}",
     ]  # fmt: skip
     assert list(compose("jobs/a.yaml", "args=[--only]").args) == ["--only"]  # args= replaces
@@ -224,12 +224,12 @@ def test_a_plain_run_composes_once_and_saves_what_hydra_saves(
 
     from elastic_hydra import agent
 
-    modes: list[RunMode] = []
-    compose = Hydra.compose_config
+    modes: list[RunMode | None] = []
+    compose_config = Hydra.compose_config
 
     def counting(self: Hydra, *args: Any, **kwargs: Any) -> Any:
         modes.append(kwargs.get("run_mode", args[2] if len(args) > 2 else None))
-        return compose(self, *args, **kwargs)
+        return compose_config(self, *args, **kwargs)
 
     plans: list[LaunchPlan] = []
 

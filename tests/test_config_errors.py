@@ -81,7 +81,12 @@ def plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) ->
     plans: list[LaunchPlan] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp_path)
-        mp.setattr(agent, "run", lambda plan: (plans.append(plan), (0, {}))[1])
+
+        def recording(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
+            plans.append(plan)
+            return 0, {}
+
+        mp.setattr(agent, "run", recording)
         with pytest.raises(SystemExit) as exit_info:
             main(list(args))
     assert exit_info.value.code == 0, capsys.readouterr().err

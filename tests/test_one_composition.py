@@ -54,10 +54,13 @@ def comparable(plan: dict[str, Any]) -> dict[str, Any]:
     return plan
 
 
-def assert_same_plan(tmp: Path, *args: str, cwd: Path | None = None, **env: str) -> None:
+def assert_same_plan(
+    tmp: Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> None:
     tmp.mkdir(exist_ok=True)
     logs = tmp / "eh_logs"
     full = [*args, f"logs.root={logs}"]
+    env = env or {}
     dry = run([*full, "--plan=json"], cwd or tmp, env)
     assert dry.returncode == 0, dry.stderr
     planned = json.loads(dry.stdout)
@@ -96,7 +99,7 @@ def test_rendezvous_presets_without_a_service(workdir: Path) -> None:
     assert_same_plan(workdir / "b", *static)
     c10d = ["rdzv=c10d", f"rdzv.endpoint=127.0.0.1:{port}", f"script={workdir}/ok.py"]
     assert_same_plan(workdir / "c", *c10d)
-    assert_same_plan(workdir / "d", "rdzv=slurm", f"script={workdir}/ok.py", **SLURM_ENV)
+    assert_same_plan(workdir / "d", "rdzv=slurm", f"script={workdir}/ok.py", env=SLURM_ENV)
 
 
 @pytest.mark.parametrize("preset", ["etcd", "etcd-v2"])
