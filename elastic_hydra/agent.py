@@ -27,7 +27,7 @@ from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor, Rendezvous
 from elastic_hydra.logpump import ConsoleSink, drain
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
-from elastic_hydra.plan import Dynamic, LaunchPlan, worker_argv
+from elastic_hydra.plan import Dynamic, LaunchPlan
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous import LocalRendezvous
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_private
@@ -36,7 +36,6 @@ from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
 
 FORWARDED_SIGNALS = entry.STOP_SIGNALS
 HOST = socket.gethostname()
-BOOTSTRAP = Path(__file__).with_name("bootstrap.py")
 STORE_FD_ENV = (
     "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
 )
@@ -146,7 +145,7 @@ class LocalWorkerFactory:
         self.cwd = os.getcwd()
         self.sink = None if plan.logs.quiet or not plan.logs.tee else ConsoleSink()
         self.colour = sys.stdout.isatty()
-        self.argv = worker_argv(plan.entrypoint, bootstrap=str(BOOTSTRAP))
+        self.argv = plan.argv
         self.store_fd: int | None = None  # standalone: rank 0's store listens on it
 
     def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> LocalWorkers:

@@ -21,7 +21,7 @@ class PythonScript:
     path: str
     python: str
     args: tuple[str, ...] = ()
-    bootstrap: bool = True  # run it through the traceback-recording bootstrap
+    bootstrap: str | None = None  # the traceback-recording bootstrap it runs through, if any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,7 +31,7 @@ class PythonModule:
     name: str
     python: str
     args: tuple[str, ...] = ()
-    bootstrap: bool = True
+    bootstrap: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,18 +45,13 @@ class Command:
 Entrypoint = PythonScript | PythonModule | Command
 
 
-def worker_argv(entry: Entrypoint, bootstrap: str | None = None) -> tuple[str, ...]:
-    """The exact argv of a worker (torchrun's form: unbuffered Python, no --local-rank).
-
-    `bootstrap` is the path of the bootstrap file, for entrypoints that want it.
-    """
+def worker_argv(entry: Entrypoint) -> tuple[str, ...]:
+    """The exact argv of a worker (torchrun's form: unbuffered Python, no --local-rank)."""
     match entry:
-        case PythonScript(path=path, python=python, args=args):
-            boot = (bootstrap,) if bootstrap and entry.bootstrap else ()
-            return (python, "-u", *boot, path, *args)
-        case PythonModule(name=name, python=python, args=args):
-            boot = (bootstrap,) if bootstrap and entry.bootstrap else ()
-            return (python, "-u", *boot, "-m", name, *args)
+        case PythonScript(path=path, python=python, args=args, bootstrap=boot):
+            return (python, "-u", *([boot] if boot else []), path, *args)
+        case PythonModule(name=name, python=python, args=args, bootstrap=boot):
+            return (python, "-u", *([boot] if boot else []), "-m", name, *args)
         case Command(program=program, args=args):
             return (program, *args)
 

@@ -63,7 +63,7 @@ class LocalRendezvous:
             case Standalone(host=host):
                 # Rank 0's bootstrap makes torch's store listen on this very socket (loopback
                 # only). Other workers bind the port themselves: a listening socket would take it.
-                bootstrapped = isinstance(plan.entrypoint, (PythonScript, PythonModule)) and (
+                bootstrapped = isinstance(plan.entrypoint, (PythonScript, PythonModule)) and bool(
                     plan.entrypoint.bootstrap
                 )
                 self._reservation = listen_socket(host, 0) if bootstrapped else reserve_port(host)

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from elastic_hydra.cli import main
 from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
 from elastic_hydra.resolve import resolve_config
+from elastic_hydra.resolve_entry import BOOTSTRAP
 
 TIMEOUT = 60
 JOB = "defaults: [elastic_hydra_base, _self_]\nscript: train.py\nhp:\n  learning_rate: 0.1\n"
@@ -184,7 +185,9 @@ def test_plan_prints_command_and_creates_nothing(workdir: Path) -> None:
         "script=train.py", "nproc_per_node=2", "--plan", "--", "--lr", "0.1", cwd=workdir
     )
     assert proc.returncode == 0, proc.stderr
-    command = shlex.join([sys.executable, "-u", str(workdir / "train.py"), "--lr", "0.1"])
+    # The exact worker command, the traceback-recording bootstrap included.
+    worker = [sys.executable, "-u", BOOTSTRAP, str(workdir / "train.py"), "--lr", "0.1"]
+    command = shlex.join(worker)
     assert command in proc.stdout
     assert "standalone" in proc.stdout
     assert "world size 2" in proc.stdout

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launch import compose, plan_of
 
-from elastic_hydra.cli import compose_job, main, parse_argv
-from elastic_hydra.errors import EXIT_CONFIG
-from elastic_hydra.plan import Dynamic, LaunchPlan, NodeRange, PythonScript, Standalone, Static
+from elastic_hydra.cli import main
+from elastic_hydra.errors import EXIT_CONFIG, ConfigError
+from elastic_hydra.plan import Command, Dynamic, NodeRange, PythonScript, Standalone, Static
 from elastic_hydra.resolve import resolve_config
+from elastic_hydra.resolve_entry import BOOTSTRAP
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "elastic-hydra: error: "
@@ -157,6 +159,17 @@ CASES = [
         "rdzv=c10d",
     ),
     case("static-master-port-zero", [*STATIC, "master_port=0"], "master_port", "got 0", "1..65535"),
+    # Keys only rdzv=static reads were ignored without a word by the other backends.
+    case(
+        "standalone-master-port",
+        [T, "master_port=29501"],
+        "master_port",
+        "not used by rdzv=standalone (it picks a free port)",
+        "rdzv=static",
+    ),
+    case("standalone-master-addr", [T, "master_addr=node0"], "master_addr", "got 'node0'"),
+    case("standalone-node-rank", [T, "node_rank=1"], "node_rank", "not used by rdzv=standalone"),
+    case("c10d-node-rank", [*C10D, "node_rank=1"], "node_rank", "the rendezvous does"),
     case(
         "join-timeout-zero",
         [*C10D, "rdzv.join_timeout=0"],
@@ -447,10 +460,6 @@ def test_every_preset_plans(
     ), "--plan must not create anything"
 
 
-def plan_of(*overrides: str) -> LaunchPlan:
-    return resolve_config(compose_job(parse_argv(list(overrides))))
-
-
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -467,7 +476,7 @@ def test_nnodes_forms(job_dir: Path, overrides: list[str], expected: NodeRange) 
 
 def test_quoted_range_in_job_file(job_dir: Path) -> None:
     (job_dir / "quoted.yaml").write_text(BASE + 'nnodes: "2:4"\n')
-    cfg = compose_job(parse_argv(["quoted.yaml", "rdzv=c10d"]))
+    cfg = compose("quoted.yaml", "rdzv=c10d")
     assert resolve_config(cfg).nnodes == NodeRange(min=2, max=4)
 
 
@@ -475,8 +484,11 @@ def test_defaults_equal_torchrun(job_dir: Path) -> None:
     plan = plan_of(T)
     assert isinstance(plan.rdzv, Standalone)
     assert plan.entrypoint == PythonScript(
-        path=str(job_dir / "train.py"), python=plan.entrypoint.python, args=()
+        path=str(job_dir / "train.py"), python=plan.entrypoint.python, args=(), bootstrap=BOOTSTRAP
     )
+    # The exact worker command: through the traceback-recording bootstrap, as a launch runs it.
+    assert plan.argv == (plan.entrypoint.python, "-u", BOOTSTRAP, str(job_dir / "train.py"))
+    assert Path(BOOTSTRAP).is_file()
     assert plan.nnodes == NodeRange(min=1, max=1)
     assert plan.nproc_per_node == 1
     assert plan.restart.max_restarts == 0
@@ -530,8 +542,7 @@ def test_env_and_hp_take_new_keys_without_plus(
     """env and hp are free-form: the form --help advertises (env.NAME=value) works as is."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('hi')\n")
-    inv = parse_argv(["script=train.py", "env.NCCL_DEBUG=INFO", "hp.lr=0.1", "args=[${hp.lr}]"])
-    plan = resolve_config(compose_job(inv), run_dir="")
+    plan = plan_of("script=train.py", "env.NCCL_DEBUG=INFO", "hp.lr=0.1", "args=[${hp.lr}]")
     assert ("NCCL_DEBUG", "INFO") in plan.env
     assert plan.argv[-1] == "0.1"
 
@@ -588,3 +599,33 @@ def test_torch_rendezvous_timeouts_are_whole_seconds(
     (line,) = capsys.readouterr().err.splitlines()
     assert "rdzv.join_timeout: torch's rendezvous takes whole seconds (got 2.5)" in line
     assert "e.g. rdzv.join_timeout=2" in line
+
+
+# ------------------------------------------------------------------------------ injected host facts
+def test_resolution_asks_the_host_it_is_given() -> None:
+    """Files and programs are the given host's: a script that exists only there resolves, a
+    program missing from its PATH does not, whatever this machine has."""
+    from elastic_hydra.resolve import Host, resolve
+    from elastic_hydra.resolve_gpus import Machine
+    from elastic_hydra.schema import ElasticHydraConf
+
+    files = {"/job/train.py"}
+    host = Host(
+        cwd="/job",
+        environ={"PATH": "/opt/bin"},
+        machine=Machine(gpus=lambda: (), cpus=lambda: (0, 1), node_cpus=lambda node: ()),
+        process_room=lambda: None,
+        is_file=files.__contains__,
+        is_dir=lambda path: False,
+        is_executable=lambda path: False,
+        which=lambda program, path: "/opt/bin/trainer" if program == "trainer" else None,
+    )
+    plan = resolve(ElasticHydraConf(script="train.py"), run_dir="", host=host)
+    assert isinstance(plan.entrypoint, PythonScript)
+    assert plan.entrypoint.path == "/job/train.py"
+    assert isinstance(resolve(ElasticHydraConf(cmd="trainer"), run_dir="", host=host).entrypoint,
+                      Command)  # fmt: skip
+    with pytest.raises(ConfigError, match="cmd: program not found"):
+        resolve(ElasticHydraConf(cmd="python3"), run_dir="", host=host)  # on this machine's PATH
+    with pytest.raises(ConfigError, match="script: no such file in /job"):
+        resolve(ElasticHydraConf(script="other.py"), run_dir="", host=host)

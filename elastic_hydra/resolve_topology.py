@@ -1,0 +1,209 @@
+"""Topology: how many nodes, and how they meet (the rendezvous backend and its endpoint).
+
+`rdzv=slurm` resolves straight to a c10d rendezvous at the allocation's first node, with the node
+count and the run id taken from Slurm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from elastic_hydra import slurm
+from elastic_hydra.errors import ConfigError
+from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, NodeRange, Standalone, Static
+from elastic_hydra.resolve_runtime import seconds
+from elastic_hydra.schema import ElasticHydraConf, RdzvConf
+
+BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd", "slurm")
+DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379, "etcd": 2379}
+STATIC_DEFAULT_PORT = 29500
+_NNODES_FORM = "expected N or MIN:MAX with 1 <= MIN <= MAX, e.g. nnodes=2 or nnodes=2:4"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Topology:
+    nnodes: NodeRange
+    rdzv: Standalone | Static | Dynamic
+    run_id: str | None  # None: the job names none (standalone then makes a fresh one)
+
+
+def resolve_topology(conf: ElasticHydraConf, environ: Mapping[str, str]) -> Topology:
+    """The node range and the rendezvous of a job.
+
+    Raises:
+        ConfigError: an unknown backend, a node count the backend cannot do, a bad endpoint, a
+            key the backend would ignore, a Slurm environment that is missing or malformed.
+    """
+    nnodes = parse_nnodes(conf.nnodes)
+    r = conf.rdzv
+    if r.backend not in BACKENDS:
+        raise ConfigError(
+            "rdzv.backend", "unknown backend", r.backend, f"expected one of {', '.join(BACKENDS)}"
+        )
+    if conf.node_rank < 0:
+        raise ConfigError("node_rank", "is negative", conf.node_rank, "expected 0 <= node_rank")
+    if r.backend != "static":
+        _refuse_static_keys(conf)
+    if r.backend == "standalone":
+        if nnodes.max != 1:
+            raise ConfigError(
+                "nnodes", "standalone runs exactly one node", str(nnodes),
+                "expected nnodes=1 with rdzv=standalone",
+                "For several nodes pick rdzv=c10d (or static, etcd-v2, etcd).",
+            )  # fmt: skip
+        return Topology(nnodes=nnodes, rdzv=Standalone(), run_id=r.id)
+    if r.backend == "static":
+        return Topology(nnodes=nnodes, rdzv=_static(conf, nnodes), run_id=r.id)
+    if r.backend == "slurm":
+        return _slurm(r, nnodes, environ)
+    endpoint = parse_endpoint(r.endpoint, DEFAULT_PORTS[r.backend], key="rdzv.endpoint")
+    return Topology(
+        nnodes=nnodes, rdzv=_dynamic(r, DynamicBackend(r.backend), endpoint), run_id=r.id
+    )
+
+
+def _refuse_static_keys(conf: ElasticHydraConf) -> None:
+    """master_addr, master_port and node_rank mean something to rdzv=static only."""
+    backend = conf.rdzv.backend
+    given = {"master_addr": conf.master_addr, "master_port": conf.master_port}
+    given["node_rank"] = conf.node_rank or None
+    for key, value in given.items():
+        if value is not None:
+            how = "it picks a free port" if backend == "standalone" else "the rendezvous does"
+            raise ConfigError(
+                key, f"not used by rdzv={backend} ({how})", value,
+                f"drop {key}, or pick rdzv=static for a fixed master address, port and node rank",
+            )  # fmt: skip
+
+
+def parse_nnodes(value: object) -> NodeRange:
+    """`2` -> 2..2, `"2:4"` -> 2..4 (see `jobfile.check_job_file` for YAML's unquoted 2:4)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError("nnodes", "not a node count", value, _NNODES_FORM)
+    parts = str(value).strip().split(":")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError("nnodes", "not N or MIN:MAX", value, _NNODES_FORM)
+    lo, hi = int(parts[0]), int(parts[-1])
+    if lo < 1:
+        raise ConfigError("nnodes", "needs at least 1 node", value, _NNODES_FORM)
+    if lo > hi:
+        raise ConfigError("nnodes", "MIN is larger than MAX", value, _NNODES_FORM)
+    return NodeRange(min=lo, max=hi)
+
+
+def _dynamic(r: RdzvConf, backend: DynamicBackend, endpoint: Endpoint) -> Dynamic:
+    if r.keep_alive_max_attempt < 1:
+        raise ConfigError(
+            "rdzv.keep_alive_max_attempt", "must be at least 1", r.keep_alive_max_attempt, "e.g. 3"
+        )
+    return Dynamic(
+        backend=backend,
+        endpoint=endpoint,
+        join_timeout=_whole_seconds("rdzv.join_timeout", r.join_timeout),
+        last_call_timeout=_whole_seconds("rdzv.last_call_timeout", r.last_call_timeout),
+        close_timeout=_whole_seconds("rdzv.close_timeout", r.close_timeout),
+        heartbeat_timeout=_whole_seconds("rdzv.heartbeat_timeout", r.heartbeat_timeout),
+        keep_alive_interval=_whole_seconds("rdzv.keep_alive_interval", r.keep_alive_interval),
+        keep_alive_max_attempt=r.keep_alive_max_attempt,
+        read_timeout=_whole_seconds("rdzv.read_timeout", r.read_timeout),
+        exit_barrier_timeout=seconds("rdzv.exit_barrier_timeout", r.exit_barrier_timeout),
+        timeout=_whole_seconds("rdzv.timeout", r.timeout),
+        is_host=r.is_host,
+    )
+
+
+def _whole_seconds(key: str, value: float) -> float:
+    """torch's rendezvous reads its timeouts as whole seconds (get_as_int)."""
+    seconds(key, value)
+    if value != int(value):
+        whole = max(1, round(value))
+        raise ConfigError(
+            key, "torch's rendezvous takes whole seconds", value, f"e.g. {key}={whole}"
+        )
+    return float(value)
+
+
+def _slurm(r: RdzvConf, nnodes: NodeRange, environ: Mapping[str, str]) -> Topology:
+    """c10d at the allocation's first node; nnodes and the run id from Slurm."""
+    try:
+        job = slurm.slurm_job(environ)
+    except ValueError as exc:
+        raise ConfigError(
+            "rdzv.backend", f"bad Slurm environment: {exc}", "slurm", "run inside srun/sbatch"
+        ) from None
+    if job is None:
+        raise ConfigError(
+            "rdzv.backend", "needs a Slurm allocation (SLURM_JOB_ID is not set)", "slurm",
+            "launch with srun, or pick rdzv=c10d with rdzv.endpoint=HOST:PORT",
+        )  # fmt: skip
+    text = r.endpoint.strip()
+    if text and not text.startswith(":"):
+        endpoint = parse_endpoint(text, DEFAULT_PORTS["c10d"], key="rdzv.endpoint")
+    else:
+        endpoint = Endpoint(host=job.nodes[0], port=_slurm_port(r.endpoint))
+    if nnodes == NodeRange(min=1, max=1):
+        nnodes = NodeRange(min=job.nnodes, max=job.nnodes)
+    rdzv = _dynamic(r, DynamicBackend.C10D, endpoint)
+    return Topology(nnodes=nnodes, rdzv=rdzv, run_id=r.id or job.job_id)
+
+
+def _slurm_port(endpoint: str) -> int:
+    """`:PORT` picks the port at the first node; empty gives c10d's default."""
+    text = endpoint.strip()
+    if not text:
+        return DEFAULT_PORTS["c10d"]
+    if not text[1:].isdigit():
+        raise ConfigError("rdzv.endpoint", "port is not a number", endpoint, "expected :PORT")
+    return _port("rdzv.endpoint", int(text[1:]), endpoint)
+
+
+def _static(conf: ElasticHydraConf, nnodes: NodeRange) -> Static:
+    if nnodes.min != nnodes.max:
+        raise ConfigError(
+            "nnodes", "static rendezvous cannot be elastic", str(nnodes), "expected a fixed N",
+            "Use rdzv=c10d for MIN:MAX.",
+        )  # fmt: skip
+    if conf.node_rank >= nnodes.max:
+        raise ConfigError(
+            "node_rank", f"must be below nnodes={nnodes.max}", conf.node_rank,
+            f"expected 0 <= node_rank < {nnodes.max}",
+        )  # fmt: skip
+    if not conf.master_addr and nnodes.max > 1:
+        raise ConfigError(
+            "master_addr", "required for a static job on several nodes", "<unset>",
+            "expected the address of node 0, e.g. master_addr=node0.example.com",
+        )  # fmt: skip
+    port = STATIC_DEFAULT_PORT if conf.master_port is None else conf.master_port
+    _port("master_port", port, port)
+    return Static(
+        master=Endpoint(host=conf.master_addr or "127.0.0.1", port=port), node_rank=conf.node_rank
+    )
+
+
+def parse_endpoint(text: str, default_port: int, *, key: str) -> Endpoint:
+    """`host`, `host:port` or `[v6addr]:port` -> Endpoint."""
+    form = "expected host[:port], e.g. node0:29400 or [::1]:29400"
+    raw = text.strip()
+    if raw.startswith("["):
+        host, sep, rest = raw[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ConfigError(key, "malformed IPv6 endpoint", text, form)
+        port_text = rest[1:] if rest else ""
+    else:
+        host, _, port_text = raw.partition(":")
+        if ":" in port_text:
+            raise ConfigError(key, "too many ':'", text, form, "Write an IPv6 host as [addr]:port.")
+    if not host:
+        raise ConfigError(key, "no host", text, form)
+    if port_text == "":
+        return Endpoint(host=host, port=default_port)
+    if not port_text.isdigit():
+        raise ConfigError(key, "port is not a number", text, form)
+    return Endpoint(host=host, port=_port(key, int(port_text), text))
+
+
+def _port(key: str, port: int, shown: object) -> int:
+    if not 1 <= port <= 65535:
+        raise ConfigError(key, "port out of range", shown, "expected a port in 1..65535")
+    return port
