@@ -7,7 +7,6 @@ import json
 import os
 import random
 import select
-import signal
 import socket
 import sys
 import threading
@@ -15,66 +14,32 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import IO, Any
 
-from elastic_hydra import entry, notices
+from elastic_hydra import notices, stopsignals
 from elastic_hydra.capture import read_failure
 from elastic_hydra.contain import Containment, become_subreaper
-from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
+from elastic_hydra.env import WorkerFiles, worker_env
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.events import Event, EventKind
-from elastic_hydra.executor import Executor, Rendezvous
-from elastic_hydra.logpump import ConsoleSink, drain
+from elastic_hydra.executor import Executor
+from elastic_hydra.logpump import ConsoleSink
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.plan import Dynamic, LaunchPlan
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous import LocalRendezvous
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_private
+from elastic_hydra.seams import NodeAssignment, Rendezvous
+from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.summary import failure_record, summarize
 from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
 
-FORWARDED_SIGNALS = entry.STOP_SIGNALS
 HOST = socket.gethostname()
 STORE_FD_ENV = (
     "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
 )
 CONSOLE_GRACE = 5.0  # seconds the final console output may wait for a stalled console
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
-
-
-class StopFlag:
-    """Set by the signal handlers; the wake pipe gets a byte so every wait returns at once."""
-
-    def __init__(self, signum: int | None = None) -> None:
-        self.signum = signum
-        self.read_fd, self.write_fd = os.pipe()
-        for fd in (self.read_fd, self.write_fd):
-            os.set_blocking(fd, False)
-
-    def handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    def drain(self) -> None:
-        drain(self.read_fd)
-
-    def close(self) -> None:
-        os.close(self.read_fd)
-        os.close(self.write_fd)
-
-
-@contextmanager
-def handle_signals(flag: StopFlag) -> Iterator[None]:
-    """Route SIGTERM/SIGINT/SIGHUP to `flag` (no KeyboardInterrupt), restoring handlers after."""
-    previous = {sig: signal.signal(sig, flag.handle) for sig in FORWARDED_SIGNALS}
-    old_wake = signal.set_wakeup_fd(flag.write_fd, warn_on_full_buffer=False)
-    try:
-        yield
-    finally:
-        signal.set_wakeup_fd(old_wake)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class RealClock:
@@ -148,21 +113,21 @@ class LocalWorkerFactory:
         self.argv = plan.argv
         self.store_fd: int | None = None  # standalone: rank 0's store listens on it
 
-    def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> LocalWorkers:
+    def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> LocalWorkers:
         specs = [
-            self._spec(node, restart_count, round_no, lr) for lr in range(self.plan.nproc_per_node)
+            self._spec(node, attempt, restart_count, lr) for lr in range(self.plan.nproc_per_node)
         ]
         return LocalWorkers(specs, self.sink, self.flag.read_fd, self.guard, self.contain)
 
     def _spec(
-        self, node: NodeAssignment, restart_count: int, round_no: int, local_rank: int
+        self, node: NodeAssignment, attempt: int, restart_count: int, local_rank: int
     ) -> WorkerSpec:
         files = WorkerFiles(
             run_dir=str(self.run.root),
             plan_path=str(self.run.plan),
             config_path=str(self.run.config),
-            error_file=str(self.run.error_file(round_no, local_rank)),
-            fault_file=str(self.run.fault_file(round_no, local_rank)),
+            error_file=str(self.run.error_file(attempt, local_rank)),
+            fault_file=str(self.run.fault_file(attempt, local_rank)),
         )
         rank = node.base_rank + local_rank
         ranks = self.plan.logs.console_ranks
@@ -170,10 +135,10 @@ class LocalWorkerFactory:
             local_rank=local_rank,
             rank=rank,
             argv=self.argv,
-            env=self._env(node, restart_count, local_rank, files),
+            env=self._env(node, local_rank, files, attempt=attempt, restart_count=restart_count),
             cwd=self.cwd,
-            stdout=self.run.stdout(round_no, local_rank),
-            stderr=self.run.stderr(round_no, local_rank),
+            stdout=self.run.stdout(attempt, local_rank),
+            stderr=self.run.stderr(attempt, local_rank),
             tee=self.sink is not None and (ranks is None or local_rank in ranks),
             prefix=self._prefix(rank, local_rank),
             cpus=self.plan.devices[local_rank].cpus if self.plan.devices else None,
@@ -181,14 +146,21 @@ class LocalWorkerFactory:
         )
 
     def _env(
-        self, node: NodeAssignment, restart_count: int, local_rank: int, files: WorkerFiles
+        self,
+        node: NodeAssignment,
+        local_rank: int,
+        files: WorkerFiles,
+        *,
+        attempt: int,
+        restart_count: int,
     ) -> dict[str, str]:
         env = worker_env(
             self.plan,
             self.base_env,
             node,
             local_rank=local_rank,
-            attempt=restart_count,
+            attempt=attempt,
+            restart_count=restart_count,
             files=files,
         )
         if node.base_rank + local_rank == 0 and self.store_fd is not None:
@@ -213,27 +185,6 @@ def make_rendezvous(plan: LaunchPlan, flag: StopFlag, run: RunDir) -> Rendezvous
         return {**record, "node_rank": node.group_rank}
 
     return TorchRendezvous(plan, flag, describe)
-
-
-def end_rendezvous(rdzv: Rendezvous, outcome: RunOutcome, events: EventLog) -> list[dict[str, Any]]:
-    """Multi-node: wait for the others after success, close the job after a failure, and
-    collect every node's failure records. A node stopped by a signal leaves the job running."""
-    from elastic_hydra.rendezvous_torch import TorchRendezvous
-
-    if not isinstance(rdzv, TorchRendezvous):
-        return []
-    if outcome.status is Status.SUCCEEDED:
-        waited = rdzv.exit_barrier()
-        events.emit(EventKind.EXIT_BARRIER, waited=waited, completed=waited is not None)
-    if outcome.status is not Status.STOPPED:
-        rdzv.shutdown()
-    checked = rdzv.job_failures()
-    if checked.ignored:
-        notices.warn(
-            f"{checked.ignored} failure record(s) in the rendezvous store were ignored "
-            "(malformed, unsigned or from no node of this job)"
-        )
-    return checked.records
 
 
 @contextmanager
@@ -262,12 +213,52 @@ def save_summary(run: RunDir, summary: dict[str, Any]) -> None:
             sys.stderr.flush()
 
 
+def _summary(
+    plan: LaunchPlan,
+    outcome: RunOutcome,
+    run_dir: RunDir,
+    job_failures: list[dict[str, Any]],
+    started_at: float,
+    started: float,
+) -> dict[str, Any]:
+    failures = [
+        WorkerFailure(exit=e, detail=read_failure(run_dir, e, plan.logs.tail_lines), host=HOST)
+        for e in outcome.exits
+        if e.returncode != 0
+    ]
+    return summarize(
+        plan,
+        outcome,
+        failures,
+        host=HOST,
+        started=started_at,
+        duration=time.monotonic() - started,
+        job_failures=job_failures,
+    )
+
+
+def _report(
+    plan: LaunchPlan, outcome: RunOutcome, summary: dict[str, Any], sink: ConsoleSink | None
+) -> None:
+    """The console's last words. Everything is on disk already: a console that stopped reading
+    may delay the end, not hold it."""
+    with console_deadline(outcome.exit_code, CONSOLE_GRACE):
+        if sink is not None:
+            sink.close(timeout=CONSOLE_GRACE)
+        if outcome.status is not Status.SUCCEEDED:
+            from elastic_hydra import render  # rich, only for a report that needs it
+
+            render.print_failure(summary)
+        elif not plan.logs.quiet:
+            notices.succeeded(summary)
+
+
 def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
     run_dir.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     started, started_at = time.monotonic(), time.time()
-    flag = StopFlag(entry.pending_signal())
+    flag = StopFlag(stopsignals.pending_signal())
     events = EventLog(run_dir.events, echo=isinstance(plan.rdzv, Dynamic) and not plan.logs.quiet)
     rdzv: Rendezvous | None = None
     outcome: RunOutcome | None = None
@@ -289,7 +280,13 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
                 observer=events,
                 stop=flag,
             ).run()
-            job_failures = end_rendezvous(rdzv, outcome, events)
+            ended = rdzv.end(outcome.status, events)
+            if ended.ignored:
+                notices.warn(
+                    f"{ended.ignored} failure record(s) in the rendezvous store were ignored "
+                    "(malformed, unsigned or from no node of this job)"
+                )
+            job_failures = list(ended.records)
     except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
         error = {"status": "config_error", "exit_code": exc.exit_code, "message": exc.line()}
         save_summary(run_dir, error)
@@ -306,29 +303,7 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
             rdzv.close()
         events.close()
         flag.close()
-    failures = [
-        WorkerFailure(exit=e, detail=read_failure(run_dir, e, plan.logs.tail_lines), host=HOST)
-        for e in outcome.exits
-        if e.returncode != 0
-    ]
-    summary = summarize(
-        plan,
-        outcome,
-        failures,
-        host=HOST,
-        started=started_at,
-        duration=time.monotonic() - started,
-        job_failures=job_failures,
-    )
+    summary = _summary(plan, outcome, run_dir, job_failures, started_at, started)
     save_summary(run_dir, summary)
-    # Everything is on disk: a console that stopped reading may delay the end, not hold it.
-    with console_deadline(outcome.exit_code, CONSOLE_GRACE):
-        if factory.sink is not None:
-            factory.sink.close(timeout=CONSOLE_GRACE)
-        if outcome.status is not Status.SUCCEEDED:
-            from elastic_hydra import render  # rich, only for a report that needs it
-
-            render.print_failure(summary)
-        elif not plan.logs.quiet:
-            notices.succeeded(summary)
+    _report(plan, outcome, summary, factory.sink)
     return outcome.exit_code, summary

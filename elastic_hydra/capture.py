@@ -28,14 +28,14 @@ _TAIL_BYTES = 256 * 1024
 
 def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetail:
     """Everything known about why `exit`'s worker ended, from the files of its attempt."""
-    error_file = run.error_file(exit.round, exit.local_rank)
-    stderr_log = run.stderr(exit.round, exit.local_rank)
+    error_file = run.error_file(exit.attempt, exit.local_rank)
+    stderr_log = run.stderr(exit.attempt, exit.local_rank)
     tail_text = read_tail(stderr_log)
     lines = tail_text.splitlines()
     base = FailureDetail(
         source="none",
         stderr_tail=tuple(lines[-tail_lines:]) if tail_lines else (),
-        stdout_log=str(run.stdout(exit.round, exit.local_rank)),
+        stdout_log=str(run.stdout(exit.attempt, exit.local_rank)),
         stderr_log=str(stderr_log),
     )
     if (record := _read_json(error_file)) is not None:
@@ -48,7 +48,7 @@ def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetai
             reported_time=reported,
             error_file=str(error_file),
         )
-    fault_dump = read_tail(run.fault_file(exit.round, exit.local_rank))
+    fault_dump = read_tail(run.fault_file(exit.attempt, exit.local_rank))
     if (crash := parse_fault(fault_dump) or parse_fault(tail_text)) is not None:
         stacks = hide_launcher_frames([_with_source_lines(crash)])
         return replace(

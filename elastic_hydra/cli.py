@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from elastic_hydra import entry, hydra_boundary, job
+from elastic_hydra import hydra_boundary, job, stopsignals
 from elastic_hydra.argv import Invocation, parse_argv
 from elastic_hydra.config_errors import explain
 from elastic_hydra.errors import EXIT_CONFIG, EXIT_WORKERS_FAILED, ConfigError, ElasticHydraError
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(130)
     except Exception as exc:
         _fail_for(exc, inv, args)
-    if (signum := entry.pending_signal()) is not None:
+    if (signum := stopsignals.pending_signal()) is not None:
         sys.exit(128 + signum)
     sys.exit(code)
 

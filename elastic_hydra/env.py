@@ -1,6 +1,9 @@
 """Each worker's environment: a pure function of the plan, the rendezvous result and the attempt.
 
-Compatible with torchrun's contract (the variables below), plus our own ELASTIC_HYDRA_* ones.
+Compatible with torchrun's contract (the variables below), plus our own ELASTIC_HYDRA_* ones. An
+attempt is one start of the worker group, after a failure or a membership change alike: the n of
+ELASTIC_HYDRA_ATTEMPT is the n of the attempt_<n>/ directory the worker logs to. Restarts for
+failures alone are counted by TORCHELASTIC_RESTART_COUNT, as torchrun counts them.
 """
 
 from __future__ import annotations
@@ -8,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elastic_hydra.plan import Endpoint, LaunchPlan
+from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.seams import NodeAssignment
 
 RUN_DIR = "ELASTIC_HYDRA_RUN_DIR"
 ATTEMPT = "ELASTIC_HYDRA_ATTEMPT"
@@ -19,20 +23,6 @@ FAULT_FILE = "ELASTIC_HYDRA_FAULT_FILE"  # where the bootstrap's faulthandler wr
 # Variables torchrun's agent sets for its own use that must not leak into our workers' contract.
 # The rendezvous secret signs the agents' records: workers never need it.
 _AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "ELASTIC_HYDRA_RDZV_SECRET")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeAssignment:
-    """This node's place in the job, from the rendezvous."""
-
-    group_rank: int  # node rank
-    group_world_size: int  # number of nodes
-    base_rank: int  # global rank of local rank 0
-    world_size: int
-    role_base_rank: int
-    role_world_size: int
-    master: Endpoint
-    use_agent_store: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +41,7 @@ def worker_env(
     *,
     local_rank: int,
     attempt: int,
+    restart_count: int,
     files: WorkerFiles,
 ) -> dict[str, str]:
     """The complete environment of one worker (base = the agent's environment at start)."""
@@ -80,7 +71,7 @@ def worker_env(
             "ROLE_WORLD_SIZE": str(node.role_world_size),
             "MASTER_ADDR": node.master.host,
             "MASTER_PORT": str(node.master.port),
-            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(plan.restart.max_restarts),
             "TORCHELASTIC_RUN_ID": plan.run_id,
             "TORCHELASTIC_USE_AGENT_STORE": str(node.use_agent_store),

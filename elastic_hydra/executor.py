@@ -9,84 +9,23 @@ from __future__ import annotations
 import enum
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from elastic_hydra import policy
-from elastic_hydra.env import NodeAssignment
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, describe_returncode, root_cause
 from elastic_hydra.plan import Action, LaunchPlan, Standalone, Static
-from elastic_hydra.supervise import Exited
-
-
-class ChangeKind(enum.Enum):
-    JOINED = "joined"  # a node waits to join: re-rendezvous, no restart spent
-    LEFT = "left"  # a node stopped heartbeating: re-rendezvous if enough nodes remain
-    CLOSED = "closed"  # another node ended the job
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Change:
-    """A membership change seen while the workers run."""
-
-    kind: ChangeKind
-    reason: str
-    nodes: int = 0  # nodes still in the job (LEFT)
-
-
-class Rendezvous(Protocol):
-    def next_round(self) -> NodeAssignment:
-        """Join the next round; blocks until it completes. Raises RendezvousError."""
-
-    def poll(self) -> Change | None:
-        """A membership change since the round completed, or None. Raises RendezvousError."""
-
-    def publish_failure(self, exit: WorkerExit) -> None:
-        """Tell the other nodes about a real worker failure on this one (job-wide root cause)."""
-
-    def close(self) -> None: ...
-
-
-class WorkerGroup(Protocol):
-    paused: list[int]  # local ranks found stopped (SIGSTOP) when the group was stopped
-
-    @property
-    def pids(self) -> list[int]: ...
-
-    def running(self) -> list[int]: ...
-
-    def wait(self, timeout: float | None) -> list[Exited]: ...
-
-    def stop(self, sig: int, grace: float) -> tuple[list[Exited], list[int]]: ...
-
-    def close(self) -> None: ...
-
-
-class WorkerGroupFactory(Protocol):
-    def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> WorkerGroup:
-        """Start one attempt's workers."""
-
-
-class Clock(Protocol):
-    def wall(self) -> float: ...
-
-    def mono(self) -> float: ...
-
-    def random(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep, returning early when a stop is requested."""
-
-
-class Observer(Protocol):
-    def emit(self, kind: EventKind, **data: Any) -> None: ...
-
-
-class StopRequest(Protocol):
-    @property
-    def signum(self) -> int | None:
-        """The signal that asked the agent to stop, or None."""
+from elastic_hydra.seams import (
+    ChangeKind,
+    Clock,
+    Exited,
+    NodeAssignment,
+    Observer,
+    Rendezvous,
+    StopRequest,
+    WorkerGroup,
+    WorkerGroupFactory,
+)
 
 
 class _Ended(enum.Enum):
@@ -101,9 +40,9 @@ class _Ended(enum.Enum):
 
 @dataclass(slots=True)
 class _State:
-    restarts: int = 0
+    restarts: int = 0  # restarts for failures (TORCHELASTIC_RESTART_COUNT)
     restart_times: list[float] = field(default_factory=list)
-    rounds: int = 0
+    attempts: int = 0  # starts of the worker group: after failures and membership changes
     exits: list[WorkerExit] = field(default_factory=list)
     stuck: list[int] = field(default_factory=list)
     node: NodeAssignment | None = None
@@ -147,15 +86,17 @@ class Executor:
                 return stopped
             self.state.node = node
             try:
-                group = self.start_workers(node, self.state.restarts, self.state.rounds)
+                group = self.start_workers(node, self.state.attempts, self.state.restarts)
             except WorkerStartError as exc:  # retrying would fail the same way
-                self.state.rounds += 1
+                self.state.attempts += 1
                 return self._finish(Status.FAILED, str(exc))
             started = self.clock.mono()
-            self.observer.emit(EventKind.WORKERS_STARTED, pids=group.pids, round=self.state.rounds)
+            self.observer.emit(
+                EventKind.WORKERS_STARTED, pids=group.pids, attempt=self.state.attempts
+            )
             ended, reason = self._monitor(group, node)
             self._stop_group(group, ended, reason)
-            self.state.rounds += 1
+            self.state.attempts += 1
             if ended is _Ended.SUCCEEDED:
                 return self._finish(Status.SUCCEEDED, reason)
             if ended is _Ended.STOPPED:
@@ -168,11 +109,11 @@ class Executor:
                 return self._finish(Status.FAILED, self.state.reason)
 
     def _rendezvous(self) -> NodeAssignment:
-        self.observer.emit(EventKind.JOINING, round=self.state.rounds)
+        self.observer.emit(EventKind.JOINING, attempt=self.state.attempts)
         node = self.rdzv.next_round()
         self.observer.emit(
             EventKind.RENDEZVOUS,
-            round=self.state.rounds,
+            attempt=self.state.attempts,
             node_rank=node.group_rank,
             nodes=node.group_world_size,
             world_size=node.world_size,
@@ -233,8 +174,8 @@ class Executor:
             returncode=exited.returncode,
             wall_time=exited.wall_time,
             mono_time=exited.mono_time,
-            attempt=self.state.restarts,
-            round=self.state.rounds,
+            attempt=self.state.attempts,
+            restart_count=self.state.restarts,
             terminated_by_launcher=by_launcher,
         )
         self.state.exits.append(record)
@@ -246,7 +187,7 @@ class Executor:
             returncode=record.returncode,
             exit=describe_returncode(record.returncode),
             terminated_by_launcher=by_launcher,
-            round=self.state.rounds,
+            attempt=self.state.attempts,
         )
         return record
 
@@ -307,7 +248,8 @@ class Executor:
     def _finish(self, status: Status, reason: str, signum: int | None = None) -> RunOutcome:
         outcome = RunOutcome(
             status=status,
-            attempts=self.state.restarts + 1,
+            attempts=self.state.attempts,
+            restarts=self.state.restarts,
             reason=reason,
             exits=tuple(self.state.exits),
             signal=signum,

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from elastic_hydra import entry, hydra_boundary
+from elastic_hydra import hydra_boundary, stopsignals
 from elastic_hydra.argv import Invocation
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.hydra_boundary import JobContext
@@ -126,7 +126,7 @@ class JobRunner:
         else:
             plan, run = prepared
         save_config(run, cfg, ctx, plan)
-        if (signum := entry.pending_signal()) is not None:  # stopped before anything ran
+        if (signum := stopsignals.pending_signal()) is not None:  # stopped before anything ran
             self._record(_result(ctx, 128 + signum, "stopped before the launch"))
             raise SweepStopped(128 + signum)
         from elastic_hydra import agent

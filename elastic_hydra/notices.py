@@ -32,7 +32,7 @@ def progress(event: Event) -> None:
     d = event.data
     match event.kind:
         case EventKind.JOINING:
-            _say(f"elastic-hydra: joining the rendezvous (round {d['round']})")
+            _say(f"elastic-hydra: joining the rendezvous (attempt {d['attempt']})")
         case EventKind.RENDEZVOUS:
             _say(
                 f"elastic-hydra: node {d['node_rank']} of {d['nodes']}, world size "

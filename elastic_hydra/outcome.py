@@ -79,8 +79,8 @@ class WorkerExit:
     returncode: int
     wall_time: float
     mono_time: float
-    attempt: int  # restarts before this worker's start
-    round: int = 0  # worker-group starts before this one (restarts and membership changes)
+    attempt: int  # its group's start: 0, 1, ... (after failures and membership changes alike)
+    restart_count: int = 0  # restarts for failures before its start
     terminated_by_launcher: bool = False
 
     @property
@@ -99,9 +99,10 @@ def _earliest(
     failed = [i for i in items if exit_of(i).failed]
     if not failed:
         return None
-    last = max(exit_of(i).round for i in failed)
+    last = max(exit_of(i).attempt for i in failed)
     return min(
-        (i for i in failed if exit_of(i).round == last), key=lambda i: (time_of(i), exit_of(i).rank)
+        (i for i in failed if exit_of(i).attempt == last),
+        key=lambda i: (time_of(i), exit_of(i).rank),
     )
 
 
@@ -151,8 +152,9 @@ class RunOutcome:
     """How a launch ended."""
 
     status: Status
-    attempts: int
+    attempts: int  # starts of the worker group
     reason: str
+    restarts: int = 0  # of which restarts for failures
     exits: tuple[WorkerExit, ...] = ()
     signal: int | None = None
     stuck_pids: tuple[int, ...] = ()

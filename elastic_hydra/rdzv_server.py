@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from datetime import timedelta
 
-from elastic_hydra import entry
+from elastic_hydra import stopsignals
 from elastic_hydra.rendezvous import listen_socket
 
 PREFIX = "elastic-hydra rdzv-server"
@@ -37,7 +37,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PREFIX}: --port: out of range (got {args.port}); expected 0..65535", file=ERR)
         return 2
     # Block the stop signals first: from here they wait for sigwait instead of being lost.
-    signal.pthread_sigmask(signal.SIG_BLOCK, entry.STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopsignals.STOP_SIGNALS)
     try:
         sock = listen_socket(args.host, args.port)
     except OSError as exc:
@@ -70,7 +70,7 @@ def main(argv: Sequence[str]) -> int:
         f"agents use rdzv=c10d rdzv.endpoint={args.host}:{port} rdzv.is_host=false",
         flush=True,
     )
-    signum = entry.pending_signal() or signal.sigwait(entry.STOP_SIGNALS)
+    signum = stopsignals.pending_signal() or signal.sigwait(stopsignals.STOP_SIGNALS)
     print(f"{PREFIX}: {signal.Signals(signum).name}, stopping", flush=True)
     del store
     return 0

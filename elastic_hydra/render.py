@@ -210,7 +210,7 @@ def _root_cause(cause: Mapping[str, Any], *, plain: bool, width: int) -> list[Re
         Text.assemble(
             (f"rank {cause['rank']}", "bold yellow"),
             f" (local rank {cause['local_rank']}) on {_where(cause)}, pid {cause['pid']}, "
-            f"restart count {cause['attempt']}",
+            f"attempt {cause['attempt']}, restart count {cause.get('restart_count', 0)}",
         ),
     )
     head.add_row("exit", Text(cause["exit"], style="bold red"))
@@ -264,10 +264,12 @@ def _other_ranks(
 ) -> Table | None:
     exits = summary.get("exits") or []
     if cause is not None:  # the root cause's group only
-        exits = [e for e in exits if e["round"] == cause["round"] and e["rank"] != cause["rank"]]
+        exits = [
+            e for e in exits if e["attempt"] == cause["attempt"] and e["rank"] != cause["rank"]
+        ]
     elif exits:
-        last = max(e["round"] for e in exits)
-        exits = [e for e in exits if e["round"] == last]
+        last = max(e["attempt"] for e in exits)
+        exits = [e for e in exits if e["attempt"] == last]
     if not exits:
         return None
     table = Table(
@@ -304,7 +306,7 @@ def print_report(summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
 def attempts_table(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
     """One row per start of the worker group: when, for how long, and how it ended."""
     table = Table(title="attempts", title_justify="left", box=None if plain else box.SIMPLE)
-    for name in ("round", "started (s)", "ran (s)", "ended"):
+    for name in ("attempt", "started (s)", "ran (s)", "ended"):
         table.add_column(name, overflow="fold")
     t0 = events[0]["monotonic"] if events else 0.0
     start: Mapping[str, Any] | None = None
@@ -319,7 +321,7 @@ def attempts_table(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table
         elif start is not None and kind in ("restart", "finish", "signal"):
             reason = ev.get("reason") or ev.get("signal") or ""
             table.add_row(
-                str(start["round"]),
+                str(start.get("attempt", start.get("round"))),  # "round" before 0.2
                 f"{start['monotonic'] - t0:.3f}",
                 f"{ev['monotonic'] - start['monotonic']:.3f}",
                 ended or str(reason),

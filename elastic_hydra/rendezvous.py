@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from elastic_hydra.env import NodeAssignment
-from elastic_hydra.outcome import WorkerExit
+from elastic_hydra.outcome import Status, WorkerExit
 from elastic_hydra.plan import Endpoint, LaunchPlan, PythonModule, PythonScript, Standalone, Static
+from elastic_hydra.seams import JobFailures, NodeAssignment, Observer
 
 
 def reserve_port(host: str) -> socket.socket:
@@ -93,6 +93,9 @@ class LocalRendezvous:
 
     def publish_failure(self, exit: WorkerExit) -> None:
         pass  # one node, or static nodes without a shared store: the summary is this node's
+
+    def end(self, status: Status, observer: Observer) -> JobFailures:
+        return JobFailures()  # nothing to wait for or close; no other node's records
 
     def close(self) -> None:
         if self._reservation is not None:

@@ -14,15 +14,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from elastic_hydra import store_records
-from elastic_hydra.env import NodeAssignment
 from elastic_hydra.errors import ConfigError, RendezvousError
-from elastic_hydra.executor import Change, ChangeKind
-from elastic_hydra.outcome import WorkerExit
+from elastic_hydra.events import EventKind
+from elastic_hydra.outcome import Status, WorkerExit
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
 from elastic_hydra.rendezvous import listen_socket
+from elastic_hydra.seams import (
+    Change,
+    ChangeKind,
+    JobFailures,
+    NodeAssignment,
+    Observer,
+    StopRequest,
+)
 
 # torch's Store and RendezvousHandler, typed loosely: torch is optional and ships partial stubs.
 Store = Any
@@ -39,19 +46,13 @@ MAX_RECORDS = 1000  # read at most this many: a forged count must not stall the 
 _T = TypeVar("_T")
 
 
-class Interrupt(Protocol):
-    @property
-    def signum(self) -> int | None:
-        """Set when a signal asks the agent to stop."""
-
-
 class TorchRendezvous:
-    """One node's view of a torch rendezvous (implements executor.Rendezvous)."""
+    """One node's view of a torch rendezvous (implements seams.Rendezvous)."""
 
     def __init__(
         self,
         plan: LaunchPlan,
-        interrupt: Interrupt,
+        interrupt: StopRequest,
         describe: Callable[[WorkerExit, NodeAssignment], dict[str, Any]],
     ) -> None:
         assert isinstance(plan.rdzv, Dynamic)
@@ -115,8 +116,17 @@ class TorchRendezvous:
         except Exception:  # the store is gone: this node's summary still has the record
             return
 
+    def end(self, status: Status, observer: Observer) -> JobFailures:
+        if status is Status.SUCCEEDED:
+            waited = self.exit_barrier()
+            observer.emit(EventKind.EXIT_BARRIER, waited=waited, completed=waited is not None)
+        if status is not Status.STOPPED:  # a node stopped by a signal leaves the job running
+            self.shutdown()
+        checked = self.job_failures()
+        return JobFailures(records=tuple(checked.records), ignored=checked.ignored)
+
     def close(self) -> None:
-        pass  # agent.end_rendezvous decides: barrier, close the job, or leave it running
+        pass  # `end` decides: barrier, close the job, or leave it running
 
     # --------------------------------------------------------------------------------- the end
     def job_failures(self) -> store_records.Checked:

@@ -128,20 +128,20 @@ class RunDir:
     def saved_overrides(self) -> Path:
         return self.hydra_dir / "overrides.yaml"
 
-    def rank_dir(self, round_no: int, local_rank: int) -> Path:
-        return self.root / f"attempt_{round_no}" / str(local_rank)
+    def rank_dir(self, attempt: int, local_rank: int) -> Path:
+        return self.root / f"attempt_{attempt}" / str(local_rank)
 
-    def stdout(self, round_no: int, local_rank: int) -> Path:
-        return self.rank_dir(round_no, local_rank) / "stdout.log"
+    def stdout(self, attempt: int, local_rank: int) -> Path:
+        return self.rank_dir(attempt, local_rank) / "stdout.log"
 
-    def stderr(self, round_no: int, local_rank: int) -> Path:
-        return self.rank_dir(round_no, local_rank) / "stderr.log"
+    def stderr(self, attempt: int, local_rank: int) -> Path:
+        return self.rank_dir(attempt, local_rank) / "stderr.log"
 
-    def error_file(self, round_no: int, local_rank: int) -> Path:
-        return self.rank_dir(round_no, local_rank) / "error.json"
+    def error_file(self, attempt: int, local_rank: int) -> Path:
+        return self.rank_dir(attempt, local_rank) / "error.json"
 
-    def fault_file(self, round_no: int, local_rank: int) -> Path:
-        return self.rank_dir(round_no, local_rank) / "fault.log"
+    def fault_file(self, attempt: int, local_rank: int) -> Path:
+        return self.rank_dir(attempt, local_rank) / "fault.log"
 
 
 def write_private(path: Path, text: str) -> None:

@@ -25,6 +25,7 @@ from elastic_hydra.contain import Containment
 from elastic_hydra.errors import LogWriteError, WorkerStartError
 from elastic_hydra.logpump import ConsoleSink, LinePrefixer, drain, write_all
 from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
+from elastic_hydra.seams import Exited
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -44,15 +45,6 @@ class WorkerSpec:
     prefix: bytes = b""
     cpus: tuple[int, ...] | None = None  # CPU affinity; None: the agent's
     pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (rank 0's store socket)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Exited:
-    local_rank: int
-    pid: int
-    returncode: int
-    wall_time: float
-    mono_time: float
 
 
 # util-linux's setpriv sets the death signal and execs the worker: a ~1 ms C program, where a

@@ -11,14 +11,15 @@ import itertools
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
+from elastic_hydra.env import WorkerFiles, worker_env
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.events import EventKind
-from elastic_hydra.executor import Change, ChangeKind, Executor
+from elastic_hydra.executor import Executor
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit
 from elastic_hydra.plan import (
     Action,
@@ -34,7 +35,8 @@ from elastic_hydra.plan import (
     Standalone,
 )
 from elastic_hydra.policy import backoff_delay
-from elastic_hydra.supervise import Exited
+from elastic_hydra.rundir import RunDir
+from elastic_hydra.seams import Change, ChangeKind, Exited, JobFailures, NodeAssignment, Observer
 
 SIGTERM = int(signal.SIGTERM)
 SIGKILL = int(signal.SIGKILL)
@@ -43,7 +45,7 @@ T0 = 1000.0  # the fake monotonic clock starts here
 WALL_OFFSET = 1_700_000_000.0
 MASTER = Endpoint(host="127.0.0.1", port=29500)
 
-# round_no -> local_rank -> (returncode, seconds after the round's workers started)
+# attempt -> local_rank -> (returncode, seconds after the round's workers started)
 Script = Mapping[int, Mapping[int, tuple[int, float]]]
 
 
@@ -173,7 +175,7 @@ class FakeGroup:
 class Started:
     node: NodeAssignment
     restart_count: int
-    round_no: int
+    attempt: int
     env: dict[str, str]
     group: FakeGroup
 
@@ -194,7 +196,7 @@ class FakeFactory:
         self.stuck = stuck or {}
         self.calls: list[Started] = []
 
-    def __call__(self, node: NodeAssignment, restart_count: int, round_no: int) -> FakeGroup:
+    def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> FakeGroup:
         index = len(self.calls)
         group = FakeGroup(
             self.clock,
@@ -204,10 +206,17 @@ class FakeFactory:
             stuck=self.stuck.get(index, frozenset()),
         )
         files = WorkerFiles(
-            run_dir="/r", plan_path="/r/p", config_path="/r/c", error_file="/r/e", fault_file="/r/f"
+            run_dir="/r",
+            plan_path="/r/p",
+            config_path="/r/c",
+            error_file=str(RunDir(Path("/r")).error_file(attempt, 0)),
+            fault_file="/r/f",
         )
-        env = worker_env(self.plan, {}, node, local_rank=0, attempt=restart_count, files=files)
-        self.calls.append(Started(node, restart_count, round_no, env, group))
+        env = worker_env(
+            self.plan, {}, node, local_rank=0, attempt=attempt, restart_count=restart_count,
+            files=files,
+        )  # fmt: skip
+        self.calls.append(Started(node, restart_count, attempt, env, group))
         return group
 
     @property
@@ -266,6 +275,10 @@ class FakeRendezvous:
 
     def publish_failure(self, exit: WorkerExit) -> None:
         self.published.append(exit)
+
+    def end(self, status: Status, observer: Observer) -> JobFailures:
+        self.calls.append("end")
+        return JobFailures()
 
     def close(self) -> None:
         self.calls.append("close")
@@ -432,7 +445,7 @@ def test_failure_then_success_restarts_once_with_a_higher_restart_count() -> Non
     assert outcome.exit_code == 0
     assert outcome.attempts == 2
     assert [c.restart_count for c in h.factory.calls] == [0, 1]
-    assert [c.round_no for c in h.factory.calls] == [0, 1]
+    assert [c.attempt for c in h.factory.calls] == [0, 1]
     assert [c.env["TORCHELASTIC_RESTART_COUNT"] for c in h.factory.calls] == ["0", "1"]
     assert [c.env["TORCHELASTIC_MAX_RESTARTS"] for c in h.factory.calls] == ["1", "1"]
     assert h.rdzv.calls.count("next_round") == 2
@@ -670,9 +683,10 @@ def test_membership_change_rerendezvous_without_spending_the_restart_budget() ->
     outcome = h.run()
 
     assert outcome.status is Status.SUCCEEDED
-    assert outcome.attempts == 1  # max_restarts=0, yet the job went on: no budget was spent
+    # Two starts of the worker group, no restart: max_restarts=0, and no budget was spent.
+    assert (outcome.attempts, outcome.restarts) == (2, 0)
     assert [c.restart_count for c in h.factory.calls] == [0, 0]
-    assert [c.round_no for c in h.factory.calls] == [0, 1]
+    assert [c.attempt for c in h.factory.calls] == [0, 1]
     assert [c.env["TORCHELASTIC_RESTART_COUNT"] for c in h.factory.calls] == ["0", "0"]
     assert [c.env["WORLD_SIZE"] for c in h.factory.calls] == ["2", "4"]
     assert [c.env["RANK"] for c in h.factory.calls] == ["0", "2"]
@@ -683,7 +697,7 @@ def test_membership_change_rerendezvous_without_spending_the_restart_budget() ->
     assert old.waits == [0.5, 0.5, 0.5]
     assert old.stops == [(SIGTERM, plan.stop_grace)]
     assert old.closed and new.closed
-    assert [d["round"] for d in h.observer.of(EventKind.RENDEZVOUS)] == [0, 1]
+    assert [d["attempt"] for d in h.observer.of(EventKind.RENDEZVOUS)] == [0, 1]
     assert [d["nodes"] for d in h.observer.of(EventKind.RENDEZVOUS)] == [1, 2]
     stopped = [e for e in outcome.exits if e.terminated_by_launcher]
     assert sorted(e.rank for e in stopped) == [0, 1]
@@ -699,9 +713,17 @@ def test_failure_after_a_membership_change_spends_the_first_restart() -> None:
     outcome = h.run()
 
     assert outcome.status is Status.SUCCEEDED
-    assert outcome.attempts == 2
+    assert (outcome.attempts, outcome.restarts) == (3, 1)
     assert [c.restart_count for c in h.factory.calls] == [0, 0, 1]
-    assert [c.round_no for c in h.factory.calls] == [0, 1, 2]
+    assert [c.attempt for c in h.factory.calls] == [0, 1, 2]
+    # "attempt" is one thing: a worker of the n-th start reads n and logs to attempt_<n>/ (it
+    # read the restart count before: 0 in attempt_1/ after the membership change).
+    envs = [c.env for c in h.factory.calls]
+    assert [e["ELASTIC_HYDRA_ATTEMPT"] for e in envs] == ["0", "1", "2"]
+    assert [e["TORCHELASTIC_RESTART_COUNT"] for e in envs] == ["0", "0", "1"]
+    assert [Path(e["TORCHELASTIC_ERROR_FILE"]).parent.parent.name for e in envs] == [
+        "attempt_0", "attempt_1", "attempt_2",
+    ]  # fmt: skip
     # The launcher-stopped workers of round 0 are never the root cause of round 1's failure.
     assert outcome.root_cause is not None
     assert (outcome.root_cause.rank, outcome.root_cause.returncode) == (0, 9)
@@ -782,20 +804,20 @@ def test_events_tell_the_story_in_order() -> None:
 
     first, second = h.factory.groups
     expected: list[tuple[EventKind, dict[str, Any]]] = [
-        (EventKind.JOINING, {"round": 0}),
-        (EventKind.RENDEZVOUS, {"round": 0, "node_rank": 0, "nodes": 1, "world_size": 2}),
-        (EventKind.WORKERS_STARTED, {"pids": first.pids, "round": 0}),
+        (EventKind.JOINING, {"attempt": 0}),
+        (EventKind.RENDEZVOUS, {"attempt": 0, "node_rank": 0, "nodes": 1, "world_size": 2}),
+        (EventKind.WORKERS_STARTED, {"pids": first.pids, "attempt": 0}),
         (EventKind.WORKER_EXITED, {"rank": 1, "pid": first.pids[1], "returncode": 1,
-                                   "terminated_by_launcher": False, "round": 0}),
+                                   "terminated_by_launcher": False, "attempt": 0}),
         (EventKind.WORKER_EXITED, {"rank": 0, "pid": first.pids[0], "returncode": -SIGTERM,
-                                   "terminated_by_launcher": True, "round": 0}),
+                                   "terminated_by_launcher": True, "attempt": 0}),
         (EventKind.STOP, {"signal": "SIGTERM", "stopped_ranks": [0], "stuck_pids": []}),
         (EventKind.RESTART, {"delay": 2.0, "restart": 1}),
-        (EventKind.JOINING, {"round": 1}),
-        (EventKind.RENDEZVOUS, {"round": 1}),
-        (EventKind.WORKERS_STARTED, {"pids": second.pids, "round": 1}),
-        (EventKind.WORKER_EXITED, {"rank": 0, "returncode": 0, "round": 1}),
-        (EventKind.WORKER_EXITED, {"rank": 1, "returncode": 0, "round": 1}),
+        (EventKind.JOINING, {"attempt": 1}),
+        (EventKind.RENDEZVOUS, {"attempt": 1}),
+        (EventKind.WORKERS_STARTED, {"pids": second.pids, "attempt": 1}),
+        (EventKind.WORKER_EXITED, {"rank": 0, "returncode": 0, "attempt": 1}),
+        (EventKind.WORKER_EXITED, {"rank": 1, "returncode": 0, "attempt": 1}),
         (EventKind.FINISH, {"status": "succeeded", "exit_code": 0, "attempts": 2}),
     ]  # fmt: skip
     assert h.observer.kinds == [kind for kind, _ in expected]

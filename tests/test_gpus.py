@@ -23,7 +23,7 @@ import pytest
 from conftest import ELASTIC_HYDRA
 
 from elastic_hydra import devices
-from elastic_hydra.env import NodeAssignment, WorkerFiles, worker_env
+from elastic_hydra.env import WorkerFiles, worker_env
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.gpus import (
     DevicePolicy,
@@ -39,6 +39,7 @@ from elastic_hydra.gpus import (
 )
 from elastic_hydra.plan import Endpoint, LaunchPlan, NodeRange, PythonScript, Standalone
 from elastic_hydra.resolve_gpus import Machine, resolve_devices, resolve_nproc
+from elastic_hydra.seams import NodeAssignment
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -765,7 +766,9 @@ BOUND = (
 
 
 def env_of(plan: LaunchPlan, base: dict[str, str], local_rank: int) -> dict[str, str]:
-    return worker_env(plan, base, NODE, local_rank=local_rank, attempt=0, files=FILES)
+    return worker_env(
+        plan, base, NODE, local_rank=local_rank, attempt=0, restart_count=0, files=FILES
+    )
 
 
 def test_worker_env_bound_worker() -> None:

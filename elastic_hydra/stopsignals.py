@@ -1,0 +1,69 @@
+"""Stop signals: recorded from the launcher's first instruction, then routed to the agent.
+
+Before the agent runs, SIGTERM/SIGINT/SIGHUP are only recorded (no KeyboardInterrupt in the middle
+of Hydra's composition); the CLI checks the record before it starts anything, and the agent takes
+it over as its own stop request (`StopFlag`, a `seams.StopRequest`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from elastic_hydra.logpump import drain
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_received: list[int] = []
+
+
+def _record(signum: int, _frame: FrameType | None) -> None:
+    _received.append(signum)
+
+
+def record_early() -> None:
+    """From now on, a stop signal is recorded until the agent handles it."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _record)
+
+
+def pending_signal() -> int | None:
+    """The first stop signal received before the agent took over, if any."""
+    return _received[0] if _received else None
+
+
+class StopFlag:
+    """Set by the signal handlers; the wake pipe gets a byte so every wait returns at once."""
+
+    def __init__(self, signum: int | None = None) -> None:
+        self.signum = signum
+        self.read_fd, self.write_fd = os.pipe()
+        for fd in (self.read_fd, self.write_fd):
+            os.set_blocking(fd, False)
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def drain(self) -> None:
+        """Empty the wake pipe."""
+        drain(self.read_fd)
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+@contextmanager
+def handle_signals(flag: StopFlag) -> Iterator[None]:
+    """Route the stop signals to `flag` (no KeyboardInterrupt), restoring handlers after."""
+    previous = {sig: signal.signal(sig, flag.handle) for sig in STOP_SIGNALS}
+    old_wake = signal.set_wakeup_fd(flag.write_fd, warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old_wake)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
