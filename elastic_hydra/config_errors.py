@@ -18,8 +18,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from elastic_hydra import schema
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.hydra_boundary import CONF_MODULE
 from elastic_hydra.jobfile import locate_key
+from elastic_hydra.schema import CONF_MODULE
 
 PRESET_GROUPS = ("rdzv", "restart", "logs")
 

@@ -33,8 +33,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from elastic_hydra import schema
 from elastic_hydra.argv import HydraFlags, Invocation, escape_interpolation
+from elastic_hydra.schema import CONF_MODULE
 
-CONF_MODULE = "elastic_hydra.conf"
 CONF_PATH = "pkg://" + CONF_MODULE
 # The hydra-core releases whose internals (below) this module was written and tested against.
 SUPPORTED = ((1, 3, 2), (1, 4))  # [oldest, first unsupported)

@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 SCHEMA_NAME = "elastic_hydra_schema"
+CONF_MODULE = "elastic_hydra.conf"  # the presets (conf/ in the repository), as a package
 
 
 @dataclass

@@ -22,7 +22,16 @@ MAX_RECORD_BYTES = 64 << 10
 MAX_TEXT = 4096
 MAX_ITEMS = 200
 
-_INT = ("rank", "local_rank", "pid", "attempt", "round", "returncode", "node_rank", "rdzv_round")
+_INT = (
+    "rank",
+    "local_rank",
+    "pid",
+    "attempt",
+    "restart_count",
+    "returncode",
+    "node_rank",
+    "rdzv_round",
+)
 _TEXT = ("host", "exit", "source", "message", "error_file", "stdout_log", "stderr_log", "node")
 _OPTIONAL_TEXT = ("signal", "message", "error_file", "stdout_log", "stderr_log", "source")
 _FRAME = {"filename": str, "lineno": int, "name": str, "line": str}

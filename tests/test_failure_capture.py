@@ -175,7 +175,7 @@ def assert_root_rank(launch: Launch, rank: int = 1) -> None:
     cause = launch.cause
     assert cause["rank"] == rank and cause["local_rank"] == rank
     assert cause["terminated_by_launcher"] is False
-    assert cause["round"] == 0 and cause["attempt"] == 0
+    assert cause["attempt"] == 0 and cause["restart_count"] == 0
     # The root cause is also the failure record of that rank, as is.
     assert launch.failure(rank) == cause
     assert re.search(rf"root cause\W+rank {rank} \(local rank {rank}\)", launch.report)

@@ -86,10 +86,17 @@ def test_a_node_joining_mid_run_grows_the_world_without_a_restart(tmp_path: Path
 
     check_allreduce(j.world(3), 3)
     assert {r["restart_count"] for r in j.records()} == {0}  # no restart was spent, anywhere
+    # The first two nodes' workers of the 3-node world are their second attempt: they read 1 and
+    # log to attempt_1/ (they read the restart count, 0, before); the third node's, its first.
+    assert sorted((r["attempt"], r["log_dir"]) for r in j.world(3)) == [
+        (0, "attempt_0"), (1, "attempt_1"), (1, "attempt_1"),
+    ]  # fmt: skip
     first, second, _ = j.agents
     for agent in (first, second):
         assert membership(agent.events(), "joined"), agent.events()
-        assert agent.summary()["attempts"] == 1
+        summary = agent.summary()
+        # The group started again when the third node joined: one more attempt, no restart.
+        assert (summary["attempts"], summary["restarts"]) == (2, 0), summary
 
 
 @pytest.mark.parametrize("store", ["etcd-v2", "c10d-rdzv-server"])
@@ -143,8 +150,10 @@ def test_a_worker_failure_on_one_node_restarts_the_job_on_every_node(tmp_path: P
     first_pids = {r["pid"] for r in records[:4]}
     check_allreduce(j.world(4), 4)
     assert not first_pids & {r["pid"] for r in j.world(4)}  # all new processes, on both nodes
-    attempts = sorted(a.summary()["attempts"] for a in j.agents)
-    assert attempts == [1, 2]  # the failing node spent a restart; the other re-joined for free
+    # Both nodes started their workers twice; the failing node spent a restart, the other
+    # re-joined for free.
+    assert [a.summary()["attempts"] for a in j.agents] == [2, 2]
+    assert sorted(a.summary()["restarts"] for a in j.agents) == [0, 1]
 
 
 def test_every_node_names_the_job_wide_root_cause(tmp_path: Path) -> None:

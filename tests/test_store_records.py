@@ -19,7 +19,7 @@ NODE = "127.0.0.1 (agent pid 4242)"
 
 def record(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "rank": 3, "local_rank": 1, "host": "node1", "pid": 99, "attempt": 0, "round": 0,
+        "rank": 3, "local_rank": 1, "host": "node1", "pid": 99, "attempt": 0, "restart_count": 0,
         "returncode": 1, "signal": None, "exit": "exit code 1", "time": 1700000000.5,
         "terminated_by_launcher": False, "source": "error_file", "message": "ValueError: boom",
         "traceback": [{"exc_type": "ValueError", "exc_value": "boom", "link": None,

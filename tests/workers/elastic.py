@@ -47,6 +47,8 @@ def main() -> int:
         "group_rank": int(env["GROUP_RANK"]),
         "group_world_size": int(env["GROUP_WORLD_SIZE"]),
         "restart_count": int(env["TORCHELASTIC_RESTART_COUNT"]),
+        "attempt": int(env.get("ELASTIC_HYDRA_ATTEMPT", -1)),  # -1: under torchrun
+        "log_dir": Path(env.get("TORCHELASTIC_ERROR_FILE", "")).parent.parent.name,
         "run_id": env["TORCHELASTIC_RUN_ID"],
         "master": f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
         "pid": os.getpid(),

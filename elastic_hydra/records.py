@@ -1,0 +1,253 @@
+"""The results of a launch as typed records, with their JSON: one worker's failure, the run's
+summary (summary.json) and one job's result (result.json). Pure data and pure functions.
+
+The root cause is chosen here, by one rule, for this node's exits and for the job-wide records
+alike; a return code is described by one function. summary.json is read back by `report`, and
+failure records also arrive from other nodes through the rendezvous store, so `from_json` checks
+every field it reads (ValueError naming the field).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R", bound="_Record")
+
+# Shells report a child killed by signal N as exit code 128+N.
+_SHELL_SIGNAL_BASE = 128
+# What a death by signal usually means, for the person reading the summary.
+_SIGNAL_HINTS = {
+    signal.SIGKILL: "killed (SIGKILL) - often the kernel OOM killer; see `dmesg` or memory limits",
+    signal.SIGSEGV: "segmentation fault (SIGSEGV)",
+    signal.SIGABRT: "aborted (SIGABRT) - e.g. a failed C/C++ assertion or uncaught C++ exception",
+    signal.SIGFPE: "floating-point exception (SIGFPE) - e.g. an integer division by zero in C",
+    signal.SIGBUS: "bus error (SIGBUS) - often a full /dev/shm (shared memory)",
+    signal.SIGILL: "illegal instruction (SIGILL) - a binary built for another CPU",
+    signal.SIGTERM: "terminated (SIGTERM)",
+    signal.SIGINT: "interrupted (SIGINT)",
+    signal.SIGHUP: "hung up (SIGHUP)",
+}
+
+
+# ---------------------------------------------------------------------------------- return codes
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReturnCode:
+    """A process's return code (Popen's: >= 0 an exit code, < 0 killed by signal -code), told.
+
+    Attributes:
+        short: `exit code 3`, `killed by SIGKILL`, `exit code 137 (SIGKILL from a shell)`.
+        explained: for people: `exit code 3`, or what the signal usually means.
+        signal: the signal's name when a signal ended it (also a shell's 128+N), else None.
+    """
+
+    short: str
+    explained: str
+    signal: str | None
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_returncode(returncode: int) -> ReturnCode:
+    """The one description of a return code (see `ReturnCode`)."""
+    if returncode < 0:
+        sig: int | None = -returncode
+    elif _SHELL_SIGNAL_BASE < returncode < _SHELL_SIGNAL_BASE + 65:
+        sig = returncode - _SHELL_SIGNAL_BASE
+    else:
+        sig = None
+    if sig is None:
+        text = f"exit code {returncode}"
+        return ReturnCode(short=text, explained=text, signal=None)
+    name = signal_name(sig)
+    hint = _SIGNAL_HINTS.get(sig, f"killed by {name}")  # type: ignore[call-overload]
+    if returncode < 0:
+        return ReturnCode(short=f"killed by {name}", explained=hint, signal=name)
+    return ReturnCode(
+        short=f"exit code {returncode} ({name} from a shell)",
+        explained=f"exit code {returncode}: {hint}",
+        signal=name,
+    )
+
+
+# ------------------------------------------------------------------------------------ root cause
+def root_cause_of(
+    items: Iterable[T],
+    *,
+    failed: Callable[[T], bool],
+    group: Callable[[T], int],
+    time: Callable[[T], float],
+    rank: Callable[[T], int],
+) -> T | None:
+    """The root cause: among real failures (workers the launcher stopped never count), those of
+    the latest group that failed, the earliest; at the same time, the lowest rank."""
+    real = [i for i in items if failed(i)]
+    if not real:
+        return None
+    last = max(group(i) for i in real)
+    return min((i for i in real if group(i) == last), key=lambda i: (time(i), rank(i)))
+
+
+# --------------------------------------------------------------------------------------- records
+class _Record:
+    """to_json/from_json for the frozen dataclasses below; from_json checks each field's type."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls: type[R], data: object) -> R:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name in data:
+                values[f.name] = _checked(f"{cls.__name__}.{f.name}", data[f.name], hints[f.name])
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{cls.__name__}.{f.name}: missing")
+        return cls(**values)
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, _Record):
+        return value.to_json()
+    if isinstance(value, tuple | list):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _checked(name: str, value: Any, kind: Any) -> Any:
+    """`value` as a `kind` (a JSON-like type hint), or ValueError naming the field."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        for option in args:
+            try:
+                return _checked(name, value, option)
+            except ValueError:
+                continue
+        raise ValueError(f"{name}: unexpected {type(value).__name__} {value!r:.60}")
+    if kind is type(None):
+        if value is None:
+            return None
+    elif isinstance(kind, type) and issubclass(kind, _Record):
+        return kind.from_json(value)
+    elif origin is tuple and isinstance(value, list):
+        return tuple(_checked(f"{name}[{i}]", v, args[0]) for i, v in enumerate(value))
+    elif kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    elif (
+        (kind in (int, str, bool) and type(value) is kind)
+        or kind is Any
+        or (origin is dict and isinstance(value, dict))
+    ):
+        return value
+    raise ValueError(f"{name}: expected {getattr(kind, '__name__', kind)}, got {value!r:.60}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailureRecord(_Record):
+    """One worker that ended with a non-zero code: how, and what it left behind."""
+
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    attempt: int  # its group's start (0, 1, ...), the n of its logs' attempt_<n>/
+    restart_count: int = 0
+    returncode: int
+    signal: str | None = None
+    exit: str = ""  # the return code, explained
+    time: float  # when it failed (wall clock)
+    terminated_by_launcher: bool = False
+    source: str = "none"  # "exception", "error_file", "crash", "stderr", "none"
+    message: str = ""
+    traceback: tuple[dict[str, Any], ...] = ()  # tracebacks.to_json
+    error_file: str | None = None
+    stderr_tail: tuple[str, ...] = ()
+    stdout_log: str = ""
+    stderr_log: str = ""
+    # Published to the rendezvous store by a node of a multi-node job:
+    node_rank: int | None = None
+    rdzv_round: int | None = None
+    node: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return not self.terminated_by_launcher
+
+
+def job_root_cause(records: Iterable[FailureRecord]) -> FailureRecord | None:
+    """The root cause among failure records; records from the rendezvous store are grouped by
+    the rendezvous round (nodes count their own attempts), this node's by attempt."""
+    return root_cause_of(
+        records,
+        failed=lambda r: r.failed,
+        group=lambda r: r.attempt if r.rdzv_round is None else r.rdzv_round,
+        time=lambda r: r.time,
+        rank=lambda r: r.rank,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitRecord(_Record):
+    """One worker process that ended, failed or not."""
+
+    local_rank: int
+    rank: int
+    pid: int
+    returncode: int
+    wall_time: float
+    mono_time: float
+    attempt: int
+    restart_count: int = 0
+    terminated_by_launcher: bool = False
+    signal: str | None = None
+    exit: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary(_Record):
+    """summary.json: how a launch ended on this node. A launch that ended before its workers
+    (bad input found late, a launcher bug) has only status, exit code and message."""
+
+    status: str
+    exit_code: int
+    message: str = ""
+    entrypoint: str = ""
+    attempts: int = 0  # starts of the worker group
+    restarts: int = 0  # of which restarts for failures
+    started: float = 0.0
+    duration_s: float = 0.0
+    host: str = ""
+    run_id: str = ""
+    run_dir: str = ""
+    signal: str | None = None
+    stuck_pids: tuple[int, ...] = ()
+    root_cause: FailureRecord | None = None
+    failures: tuple[FailureRecord, ...] = ()
+    job_failures: tuple[FailureRecord, ...] = ()
+    exits: tuple[ExitRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult(_Record):
+    """result.json: what one job of a command (a run, or one point of a sweep) ended with."""
+
+    overrides: tuple[str, ...] = ()
+    exit_code: int
+    run_dir: str
+    message: str = ""
+    summary: RunSummary | None = None
+    swept: bool = False  # one job of a sweep (-m, or a job that sets hydra.mode: MULTIRUN)
