@@ -215,6 +215,7 @@ def save_summary(run: RunDir, summary: dict[str, Any]) -> None:
 
 def _summary(
     plan: LaunchPlan,
+    *,
     outcome: RunOutcome,
     run_dir: RunDir,
     job_failures: list[dict[str, Any]],
@@ -303,7 +304,14 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
             rdzv.close()
         events.close()
         flag.close()
-    summary = _summary(plan, outcome, run_dir, job_failures, started_at, started)
+    summary = _summary(
+        plan,
+        outcome=outcome,
+        run_dir=run_dir,
+        job_failures=job_failures,
+        started_at=started_at,
+        started=started,
+    )
     save_summary(run_dir, summary)
     _report(plan, outcome, summary, factory.sink)
     return outcome.exit_code, summary

@@ -42,9 +42,9 @@ ALLOWED: dict[str, set[str]] = {
     "resolve_gpus": {"errors", "gpus"},
     "devices": {"gpus"},
     # the agent: wiring, the loop and what implements its seams
-    "agent": RUNTIME | {"capture", "executor", "contain", "env", "logpump", "notices", "redact", "render",
-                        "rendezvous", "rendezvous_torch", "rundir", "stopsignals", "summary",
-                        "supervise"},
+    "agent": RUNTIME | {"capture", "contain", "env", "executor", "logpump", "notices", "redact",
+                        "render", "rendezvous", "rendezvous_torch", "rundir", "stopsignals",
+                        "summary", "supervise"},
     "executor": {"errors", "events", "outcome", "plan", "policy", "seams"},
     "supervise": {"contain", "errors", "logpump", "rundir", "seams"},
     "rendezvous": {"outcome", "plan", "seams"},
