@@ -26,10 +26,11 @@ from elastic_hydra.executor import Executor
 from elastic_hydra.logpump import ConsoleSink
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.plan import Dynamic, LaunchPlan
+from elastic_hydra.records import FailureRecord, RunSummary
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous import LocalRendezvous
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_private
-from elastic_hydra.seams import NodeAssignment, Rendezvous
+from elastic_hydra.seams import JobFailures, NodeAssignment, Rendezvous
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.summary import failure_record, summarize
 from elastic_hydra.supervise import GroupGuard, LocalWorkers, WorkerSpec
@@ -182,7 +183,7 @@ def make_rendezvous(plan: LaunchPlan, flag: StopFlag, run: RunDir) -> Rendezvous
     def describe(exit: WorkerExit, node: NodeAssignment) -> dict[str, Any]:
         detail = read_failure(run, exit, plan.logs.tail_lines)
         record = failure_record(WorkerFailure(exit=exit, detail=detail, host=HOST))
-        return {**record, "node_rank": node.group_rank}
+        return {**record.to_json(), "node_rank": node.group_rank}
 
     return TorchRendezvous(plan, flag, describe)
 
@@ -200,10 +201,10 @@ def console_deadline(code: int, seconds: float) -> Iterator[None]:
         timer.cancel()
 
 
-def save_summary(run: RunDir, summary: dict[str, Any]) -> None:
+def save_summary(run: RunDir, summary: RunSummary) -> None:
     """summary.json, or the same JSON on stderr when it cannot be written (the run dir was
     removed, the disk is full): the job's outcome and exit code stay what they are."""
-    text = json.dumps(redact(summary), indent=2, default=str) + "\n"
+    text = json.dumps(redact(summary.to_json()), indent=2, default=str) + "\n"
     try:
         write_private(run.summary, text)
     except OSError as exc:
@@ -213,15 +214,32 @@ def save_summary(run: RunDir, summary: dict[str, Any]) -> None:
             sys.stderr.flush()
 
 
+def _job_failures(ended: JobFailures) -> list[FailureRecord]:
+    """The other nodes' records, typed; a record that does not read as one is ignored, and so
+    said, like one that failed the store's checks."""
+    records, ignored = [], ended.ignored
+    for raw in ended.records:
+        try:
+            records.append(FailureRecord.from_json(raw))
+        except ValueError:
+            ignored += 1
+    if ignored:
+        notices.warn(
+            f"{ignored} failure record(s) in the rendezvous store were ignored "
+            "(malformed, unsigned or from no node of this job)"
+        )
+    return records
+
+
 def _summary(
     plan: LaunchPlan,
     *,
     outcome: RunOutcome,
     run_dir: RunDir,
-    job_failures: list[dict[str, Any]],
+    job_failures: list[FailureRecord],
     started_at: float,
     started: float,
-) -> dict[str, Any]:
+) -> RunSummary:
     failures = [
         WorkerFailure(exit=e, detail=read_failure(run_dir, e, plan.logs.tail_lines), host=HOST)
         for e in outcome.exits
@@ -239,7 +257,7 @@ def _summary(
 
 
 def _report(
-    plan: LaunchPlan, outcome: RunOutcome, summary: dict[str, Any], sink: ConsoleSink | None
+    plan: LaunchPlan, outcome: RunOutcome, summary: RunSummary, sink: ConsoleSink | None
 ) -> None:
     """The console's last words. Everything is on disk already: a console that stopped reading
     may delay the end, not hold it."""
@@ -254,7 +272,7 @@ def _report(
             notices.succeeded(summary)
 
 
-def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
+def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
     run_dir.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
@@ -263,7 +281,7 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
     events = EventLog(run_dir.events, echo=isinstance(plan.rdzv, Dynamic) and not plan.logs.quiet)
     rdzv: Rendezvous | None = None
     outcome: RunOutcome | None = None
-    job_failures: list[dict[str, Any]] = []
+    job_failures: list[FailureRecord] = []
     become_subreaper()
     contain = Containment(str(run_dir.root))
     guard = GroupGuard(contain)
@@ -281,19 +299,13 @@ def run(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
                 observer=events,
                 stop=flag,
             ).run()
-            ended = rdzv.end(outcome.status, events)
-            if ended.ignored:
-                notices.warn(
-                    f"{ended.ignored} failure record(s) in the rendezvous store were ignored "
-                    "(malformed, unsigned or from no node of this job)"
-                )
-            job_failures = list(ended.records)
+            job_failures = _job_failures(rdzv.end(outcome.status, events))
     except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
-        error = {"status": "config_error", "exit_code": exc.exit_code, "message": exc.line()}
+        error = RunSummary(status="config_error", exit_code=exc.exit_code, message=exc.line())
         save_summary(run_dir, error)
         raise
     except BaseException as exc:  # a bug in the launcher: still leave a summary behind
-        error = {"status": "error", "exit_code": 70, "message": f"{type(exc).__name__}: {exc}"}
+        error = RunSummary(status="error", exit_code=70, message=f"{type(exc).__name__}: {exc}")
         save_summary(run_dir, error)
         raise
     finally:

@@ -22,6 +22,7 @@ from elastic_hydra.argv import Invocation, parse_argv
 from elastic_hydra.config_errors import explain
 from elastic_hydra.errors import EXIT_CONFIG, EXIT_WORKERS_FAILED, ConfigError, ElasticHydraError
 from elastic_hydra.jobfile import check_job_file
+from elastic_hydra.records import RunSummary
 from elastic_hydra.rundir import RunDir
 
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
@@ -104,7 +105,7 @@ def report(args: Sequence[str]) -> int:
         )
     run = RunDir(Path(args[0]))
     try:
-        summary = json.loads(run.summary.read_text())
+        summary = RunSummary.from_json(json.loads(run.summary.read_text()))
     except FileNotFoundError:
         raise ConfigError(
             "report",
@@ -115,7 +116,7 @@ def report(args: Sequence[str]) -> int:
     except ValueError as exc:
         raise ConfigError(
             "report",
-            f"summary.json is not JSON ({exc})",
+            f"summary.json does not read as a run summary ({exc})",
             args[0],
             "expected a run dir written by elastic-hydra",
         ) from None

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from elastic_hydra import policy
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.events import EventKind
-from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, describe_returncode, root_cause
+from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, root_cause
 from elastic_hydra.plan import Action, LaunchPlan, Standalone, Static
+from elastic_hydra.records import describe_returncode
 from elastic_hydra.seams import (
     ChangeKind,
     Clock,
@@ -134,7 +135,8 @@ class Executor:
                 for record in failed:
                     self.rdzv.publish_failure(record)
                 first = failed[0]
-                return _Ended.FAILED, f"rank {first.rank} {describe_returncode(first.returncode)}"
+                how = describe_returncode(first.returncode).short
+                return _Ended.FAILED, f"rank {first.rank} {how}"
             if not group.running():
                 return _Ended.SUCCEEDED, "all workers exited with code 0"
             if self.check_every is not None and (ended := self._membership()) is not None:
@@ -185,7 +187,7 @@ class Executor:
             local_rank=record.local_rank,
             pid=record.pid,
             returncode=record.returncode,
-            exit=describe_returncode(record.returncode),
+            exit=describe_returncode(record.returncode).short,
             terminated_by_launcher=by_launcher,
             attempt=self.state.attempts,
         )

@@ -18,24 +18,10 @@ from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.hydra_boundary import JobContext
 from elastic_hydra.notices import warn
 from elastic_hydra.plan import LaunchPlan, to_dict
+from elastic_hydra.records import JobResult, RunSummary
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.resolve import resolve_config
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, write_private
-
-
-@dataclass(slots=True)
-class JobResult:
-    """What one launch of a (multi)run ended with."""
-
-    overrides: list[str]
-    exit_code: int
-    run_dir: str
-    message: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
-    swept: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"overrides": self.overrides, "exit_code": self.exit_code, **self.details}
 
 
 class SweepStopped(BaseException):
@@ -131,8 +117,8 @@ class JobRunner:
             raise SweepStopped(128 + signum)
         from elastic_hydra import agent
 
-        code, details = agent.run(plan)
-        self._record(_result(ctx, code, str(details.get("message", "")), details))
+        code, summary = agent.run(plan)
+        self._record(_result(ctx, code, summary.message, summary))
         if code > 128 and ctx.swept:
             raise SweepStopped(code)
 
@@ -148,14 +134,14 @@ class JobRunner:
 
 
 def _result(
-    ctx: JobContext, code: int, message: str, details: dict[str, Any] | None = None
+    ctx: JobContext, code: int, message: str, summary: RunSummary | None = None
 ) -> JobResult:
     return JobResult(
-        overrides=ctx.overrides,
+        overrides=tuple(ctx.overrides),
         exit_code=code,
         run_dir=str(ctx.run_dir),
         message=message,
-        details=details or {},
+        summary=summary,
         swept=ctx.swept,
     )
 

@@ -8,23 +8,22 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any
 
 from elastic_hydra.events import Event, EventKind
+from elastic_hydra.records import RunSummary
 
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
 
 
-def took(summary: Mapping[str, Any]) -> str:
-    return f"{summary['duration_s']:.2f} s, {summary['attempts']} attempt(s)"
+def took(summary: RunSummary) -> str:
+    return f"{summary.duration_s:.2f} s, {summary.attempts} attempt(s)"
 
 
-def succeeded(summary: Mapping[str, Any]) -> None:
+def succeeded(summary: RunSummary) -> None:
     head = "elastic-hydra: succeeded"
     if _colour():
         head = _GREEN + head + _RESET
-    _say(f"{head} ({took(summary)}); run dir {summary['run_dir']}")
+    _say(f"{head} ({took(summary)}); run dir {summary.run_dir}")
 
 
 def progress(event: Event) -> None:

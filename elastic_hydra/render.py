@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -26,10 +26,8 @@ from elastic_hydra import tracebacks
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.notices import took
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
+from elastic_hydra.records import FailureRecord, JobResult, RunSummary
 from elastic_hydra.redact import redact_env
-
-if TYPE_CHECKING:
-    from elastic_hydra.job import JobResult
 
 
 def console(stderr: bool = False, soft_wrap: bool = False) -> Console:
@@ -130,13 +128,13 @@ def sweep_table(results: Sequence[JobResult]) -> Table:
         table.add_column(name, overflow="fold")
     for i, r in enumerate(results):
         status = "[green]ok[/]" if r.exit_code == 0 else "[red]failed[/]"
-        duration = r.details.get("duration_s")
+        duration = r.summary.duration_s if r.summary else None
         table.add_row(
             str(i),
             " ".join(o for o in r.overrides if not o.startswith("args=")) or "(none)",
             status,
             str(r.exit_code),
-            str(r.details.get("attempts", "-")),
+            str(r.summary.attempts) if r.summary else "-",
             f"{duration:.2f} s" if isinstance(duration, float) else "-",
             _relative(r.run_dir),
         )
@@ -153,7 +151,7 @@ def print_sweep(results: Sequence[JobResult]) -> None:
 
 
 # --------------------------------------------------------------------------------- run summary
-def print_failure(summary: Mapping[str, Any]) -> None:
+def print_failure(summary: RunSummary) -> None:
     """The closing report of a launch that did not succeed, on stderr: rich on a terminal, plain
     text elsewhere. (The success line is `notices.succeeded`, which needs no rich.)"""
     out = console(stderr=True)
@@ -172,23 +170,23 @@ def _print(out: Console, *renderables: RenderableType) -> None:
     out.file.flush()
 
 
-def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100) -> RenderableType:
+def outcome_report(summary: RunSummary, *, plain: bool, width: int = 100) -> RenderableType:
     """The failure report: root cause and its traceback, the other ranks, where the logs are."""
-    title = f"elastic-hydra: {summary['status']}"
-    headline = Text(f"{summary['message']} ({took(summary)})")
+    title = f"elastic-hydra: {summary.status}"
+    headline = Text(f"{summary.message} ({took(summary)})")
     parts: list[RenderableType] = []
-    cause = summary.get("root_cause")
+    cause = summary.root_cause
     if cause is not None:
         parts += _root_cause(cause, plain=plain, width=width)
     others = _other_ranks(summary, cause, plain=plain)
     if others is not None:
         parts.append(others)
-    if summary.get("stuck_pids"):
-        parts.append(Text(f"processes that would not die: {summary['stuck_pids']}", style="red"))
-    parts.append(Text(f"run dir: {summary['run_dir']}"))
+    if summary.stuck_pids:
+        parts.append(Text(f"processes that would not die: {list(summary.stuck_pids)}", style="red"))
+    parts.append(Text(f"run dir: {summary.run_dir}"))
     if cause is not None:
-        there = "" if cause["host"] == summary["host"] else f" on {cause['host']}"
-        parts.append(Text(f"logs of rank {cause['rank']}{there}: {cause['stderr_log']}"))
+        there = "" if cause.host == summary.host else f" on {cause.host}"
+        parts.append(Text(f"logs of rank {cause.rank}{there}: {cause.stderr_log}"))
     if plain:
         return Group(Text.assemble((f"{title}: ", "bold red"), headline), *parts)
     return Panel(
@@ -200,38 +198,38 @@ def outcome_report(summary: Mapping[str, Any], *, plain: bool, width: int = 100)
     )
 
 
-def _root_cause(cause: Mapping[str, Any], *, plain: bool, width: int) -> list[RenderableType]:
-    when = datetime.fromtimestamp(cause["time"]).isoformat(sep=" ", timespec="milliseconds")
+def _root_cause(cause: FailureRecord, *, plain: bool, width: int) -> list[RenderableType]:
+    when = datetime.fromtimestamp(cause.time).isoformat(sep=" ", timespec="milliseconds")
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold", no_wrap=True)
     head.add_column()
     head.add_row(
         "root cause",
         Text.assemble(
-            (f"rank {cause['rank']}", "bold yellow"),
-            f" (local rank {cause['local_rank']}) on {_where(cause)}, pid {cause['pid']}, "
-            f"attempt {cause['attempt']}, restart count {cause.get('restart_count', 0)}",
+            (f"rank {cause.rank}", "bold yellow"),
+            f" (local rank {cause.local_rank}) on {_where(cause)}, pid {cause.pid}, "
+            f"attempt {cause.attempt}, restart count {cause.restart_count}",
         ),
     )
-    head.add_row("exit", Text(cause["exit"], style="bold red"))
+    head.add_row("exit", Text(cause.exit, style="bold red"))
     head.add_row("time", when)
     parts: list[RenderableType] = [head]
-    stacks = tracebacks.from_json(cause.get("traceback") or [])
+    stacks = tracebacks.from_json(cause.traceback)
     if stacks and plain:
         parts.append(Text(tracebacks.format_stacks(stacks)))
     elif stacks:
         parts.append(_rich_traceback(stacks, width))
-    elif cause.get("message"):
-        parts.append(Text(cause["message"], style="red"))
+    elif cause.message:
+        parts.append(Text(cause.message, style="red"))
     # A crash's stack comes from its dump: show stderr beside it only when there is some.
-    if not stacks or (cause.get("source") == "crash" and cause.get("stderr_tail")):
+    if not stacks or (cause.source == "crash" and cause.stderr_tail):
         parts += _stderr_tail(cause)
     return parts
 
 
-def _where(cause: Mapping[str, Any]) -> str:
-    node = cause.get("node_rank")
-    return str(cause["host"]) if node is None else f"{cause['host']} (node {node})"
+def _where(cause: FailureRecord) -> str:
+    node = cause.node_rank
+    return cause.host if node is None else f"{cause.host} (node {node})"
 
 
 def _rich_traceback(stacks: Sequence[tracebacks.Stack], width: int) -> RenderableType:
@@ -249,27 +247,23 @@ def _rich_traceback(stacks: Sequence[tracebacks.Stack], width: int) -> Renderabl
     return Traceback(trace, width=width, extra_lines=1, max_frames=30)
 
 
-def _stderr_tail(cause: Mapping[str, Any]) -> list[RenderableType]:
-    tail = cause.get("stderr_tail") or []
+def _stderr_tail(cause: FailureRecord) -> list[RenderableType]:
+    tail = cause.stderr_tail
     if not tail:
-        return [Text(f"(stderr was empty: {cause['stderr_log']})", style="dim")]
+        return [Text(f"(stderr was empty: {cause.stderr_log})", style="dim")]
     return [
-        Text(f"last {len(tail)} line(s) of {cause['stderr_log']}:", style="dim"),
+        Text(f"last {len(tail)} line(s) of {cause.stderr_log}:", style="dim"),
         Text("\n".join(f"  {line}" for line in tail)),
     ]
 
 
-def _other_ranks(
-    summary: Mapping[str, Any], cause: Mapping[str, Any] | None, *, plain: bool
-) -> Table | None:
-    exits = summary.get("exits") or []
+def _other_ranks(summary: RunSummary, cause: FailureRecord | None, *, plain: bool) -> Table | None:
+    exits = list(summary.exits)
     if cause is not None:  # the root cause's group only
-        exits = [
-            e for e in exits if e["attempt"] == cause["attempt"] and e["rank"] != cause["rank"]
-        ]
+        exits = [e for e in exits if e.attempt == cause.attempt and e.rank != cause.rank]
     elif exits:
-        last = max(e["attempt"] for e in exits)
-        exits = [e for e in exits if e["attempt"] == last]
+        last = max(e.attempt for e in exits)
+        exits = [e for e in exits if e.attempt == last]
     if not exits:
         return None
     table = Table(
@@ -280,25 +274,25 @@ def _other_ranks(
     )
     for name in ("rank", "local", "pid", "how it ended"):
         table.add_column(name, overflow="fold")
-    for e in sorted(exits, key=lambda e: e["rank"]):
-        how = e["exit"]
-        if e["terminated_by_launcher"]:
-            how = f"terminated by launcher ({e['signal'] or how})"
-        elif e["returncode"] == 0:
+    for e in sorted(exits, key=lambda e: e.rank):
+        how = e.exit
+        if e.terminated_by_launcher:
+            how = f"terminated by launcher ({e.signal or how})"
+        elif e.returncode == 0:
             how = "exited 0"
-        table.add_row(str(e["rank"]), str(e["local_rank"]), str(e["pid"]), how)
+        table.add_row(str(e.rank), str(e.local_rank), str(e.pid), how)
     return table
 
 
 # ------------------------------------------------------------------------------------- report
-def print_report(summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
+def print_report(summary: RunSummary, events: Sequence[Mapping[str, Any]]) -> None:
     """`elastic-hydra report RUN_DIR`: the saved summary and the events timeline."""
     out = console()
     plain = not out.is_terminal
     ending: RenderableType = Text(
-        f"elastic-hydra: succeeded ({took(summary)}); run dir {summary['run_dir']}"
+        f"elastic-hydra: succeeded ({took(summary)}); run dir {summary.run_dir}"
     )
-    if summary.get("status") != "succeeded":
+    if summary.status != "succeeded":
         ending = outcome_report(summary, plain=plain, width=out.width)
     _print(out, timeline(events, plain=plain), attempts_table(events, plain=plain), ending)
 

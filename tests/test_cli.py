@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from elastic_hydra.cli import main
 from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
+from elastic_hydra.records import RunSummary
 from elastic_hydra.resolve import resolve_config
 from elastic_hydra.resolve_entry import BOOTSTRAP
 
@@ -42,6 +43,8 @@ TRICKY_ARGS = [
     "NaN",
     "",
 ]
+
+OK = RunSummary(status="succeeded", exit_code=0)  # what a stubbed agent reports
 
 
 @pytest.fixture
@@ -236,9 +239,9 @@ def test_a_plain_run_composes_once_and_saves_what_hydra_saves(
 
     plans: list[LaunchPlan] = []
 
-    def recording(plan: LaunchPlan) -> tuple[int, dict[str, object]]:
+    def recording(plan: LaunchPlan) -> tuple[int, RunSummary]:
         plans.append(plan)
-        return 0, {}
+        return 0, OK
 
     monkeypatch.setattr(Hydra, "compose_config", counting)
     monkeypatch.setattr(agent, "run", recording)
@@ -267,9 +270,9 @@ def test_outside_the_supported_hydra_range_hydra_main_runs_the_same_job(
     assert not hydra_boundary.internals_supported("1.3.1")
     plans: list[LaunchPlan] = []
 
-    def recording(plan: LaunchPlan) -> tuple[int, dict[str, object]]:
+    def recording(plan: LaunchPlan) -> tuple[int, RunSummary]:
         plans.append(plan)
-        return 0, {}
+        return 0, OK
 
     monkeypatch.setattr(agent, "run", recording)
     argv = ["jobs/x.yaml", "nproc_per_node=2", "--", "--lr", "1"]
@@ -291,7 +294,7 @@ def test_no_hydra_state_is_left_behind(workdir: Path, monkeypatch: pytest.Monkey
 
     report = hydra_utils.run_and_report
     argv = list(sys.argv)
-    monkeypatch.setattr(agent, "run", lambda plan: (0, {}))
+    monkeypatch.setattr(agent, "run", lambda plan: (0, OK))
     for args in (["jobs/x.yaml"], ["-m", "jobs/x.yaml", "env.X=1,2"], ["jobs/x.yaml", "x=1"]):
         with pytest.raises(SystemExit):
             main(args)
@@ -437,7 +440,7 @@ def test_a_launcher_bug_prints_its_traceback_and_asks_for_a_report(
 ) -> None:
     from elastic_hydra import agent
 
-    def broken(plan: object) -> tuple[int, dict[str, object]]:
+    def broken(plan: object) -> tuple[int, RunSummary]:
         raise RuntimeError("bug in the agent")
 
     monkeypatch.setattr(agent, "run", broken)

@@ -14,9 +14,12 @@ from elastic_hydra.argv import keep_as_typed
 from elastic_hydra.cli import main
 from elastic_hydra.config_errors import from_omegaconf
 from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.records import RunSummary
 from elastic_hydra.schema import ElasticHydraConf
 
 BASE = "defaults:\n  - elastic_hydra_base\n  - _self_\nscript: x.py\n"
+
+OK = RunSummary(status="succeeded", exit_code=0)  # what a stubbed agent reports
 
 
 @pytest.mark.parametrize(
@@ -82,9 +85,9 @@ def plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) ->
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp_path)
 
-        def recording(plan: LaunchPlan) -> tuple[int, dict[str, Any]]:
+        def recording(plan: LaunchPlan) -> tuple[int, RunSummary]:
             plans.append(plan)
-            return 0, {}
+            return 0, OK
 
         mp.setattr(agent, "run", recording)
         with pytest.raises(SystemExit) as exit_info:

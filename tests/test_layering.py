@@ -45,7 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "agent": RUNTIME | {"capture", "contain", "env", "executor", "logpump", "notices", "redact",
                         "render", "rendezvous", "rendezvous_torch", "rundir", "stopsignals",
                         "summary", "supervise"},
-    "executor": {"errors", "events", "outcome", "plan", "policy", "seams"},
+    "executor": {"errors", "events", "outcome", "plan", "policy", "records", "seams"},
     "supervise": {"contain", "errors", "logpump", "rundir", "seams"},
     "rendezvous": {"outcome", "plan", "seams"},
     "rendezvous_torch": RUNTIME | {"rendezvous", "store_records"},

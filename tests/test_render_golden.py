@@ -25,6 +25,7 @@ from rich.console import Console
 from elastic_hydra import render
 from elastic_hydra.outcome import FailureDetail, RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.plan import LaunchPlan, NodeRange, PythonScript, Standalone
+from elastic_hydra.records import RunSummary
 from elastic_hydra.summary import summarize
 from elastic_hydra.tracebacks import Frame, Stack
 
@@ -89,7 +90,7 @@ CRASH = Stack(
 COLLATERAL = [(0, -15), (2, -15)]
 
 
-def failed_summary(cause: WorkerFailure, reason: str) -> dict[str, Any]:
+def failed_summary(cause: WorkerFailure, reason: str) -> RunSummary:
     others = [exit_(r, rc, by_launcher=True, at=0.01) for r, rc in COLLATERAL]
     exits = (cause.exit, *others)
     outcome = RunOutcome(status=Status.FAILED, attempts=1, reason=reason, exits=exits)
@@ -100,7 +101,7 @@ def failed_summary(cause: WorkerFailure, reason: str) -> dict[str, Any]:
     return summarize(plan(), outcome, failures, host="node0", started=T0 - 1, duration=1.25)
 
 
-CASES: dict[str, dict[str, Any]] = {
+CASES: dict[str, RunSummary] = {
     "exception": failed_summary(
         WorkerFailure(
             exit=exit_(1, 1),
@@ -152,7 +153,7 @@ def normalize(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
 
-def rendered(summary: dict[str, Any], *, plain: bool) -> str:
+def rendered(summary: RunSummary, *, plain: bool) -> str:
     out = io.StringIO()
     console = Console(file=out, width=100, color_system=None, force_terminal=not plain)
     console.print(render.outcome_report(summary, plain=plain, width=100))
@@ -179,7 +180,9 @@ def test_report_matches_golden(case: str, form: str) -> None:
 def test_the_summary_survives_json_unchanged_in_rendering() -> None:
     # `elastic-hydra report` renders the saved JSON: it must read exactly as the live report.
     summary = CASES["exception"]
-    assert rendered(json.loads(json.dumps(summary)), plain=True) == rendered(summary, plain=True)
+    again = RunSummary.from_json(json.loads(json.dumps(summary.to_json())))
+    assert again == summary
+    assert rendered(again, plain=True) == rendered(summary, plain=True)
 
 
 def test_real_run_report_matches_golden(tmp_path: Path) -> None:

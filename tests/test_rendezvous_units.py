@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from elastic_hydra.outcome import WorkerExit, root_cause
+from elastic_hydra.records import FailureRecord, job_root_cause
 from elastic_hydra.rendezvous_torch import assign_ranks
-from elastic_hydra.summary import job_root_cause
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
@@ -23,8 +26,9 @@ def test_role_ranks_count_within_each_role_as_torchrun_does() -> None:
     assert assign_ranks(infos) == [[0, 7, 0, 4], [2, 7, 0, 3], [5, 7, 2, 4]]
 
 
-def record(rank: int, time: float, rdzv_round: int = 0, **extra: Any) -> dict[str, Any]:
-    return {"rank": rank, "time": time, "rdzv_round": rdzv_round, "host": "h", **extra}
+def record(rank: int, time: float, rdzv_round: int | None = 0, **extra: Any) -> FailureRecord:
+    fields = {"local_rank": 0, "pid": 1, "attempt": 0, "returncode": 1, **extra}
+    return FailureRecord(rank=rank, time=time, rdzv_round=rdzv_round, host="h", **fields)
 
 
 def test_the_job_root_cause_is_the_earliest_real_failure_of_the_last_failing_round() -> None:
@@ -37,11 +41,38 @@ def test_the_job_root_cause_is_the_earliest_real_failure_of_the_last_failing_rou
         record(2, 32.0, rdzv_round=1),
     ]
     cause = job_root_cause(records[:3])
-    assert cause is not None and cause["rank"] == 3
+    assert cause is not None and cause.rank == 3
     latest = job_root_cause(records)
-    assert latest is not None and latest["rank"] == 6  # the round that ended the job
+    assert latest is not None and latest.rank == 6  # the round that ended the job
 
 
 def test_no_real_failure_means_no_job_root_cause() -> None:
     assert job_root_cause([]) is None
     assert job_root_cause([record(1, 1.0, terminated_by_launcher=True)]) is None
+
+
+def test_one_rule_for_the_root_cause_here_and_job_wide_ties_go_to_the_lower_rank() -> None:
+    # Two ranks failing in the same millisecond: this node's outcome and the job-wide summary
+    # named different ranks before (by rank here, by list order there); one rule now.
+    tied = [record(4, 5.0, rdzv_round=None), record(2, 5.0, rdzv_round=None)]
+    local = job_root_cause(tied)
+    exits = [
+        WorkerExit(local_rank=r.rank, rank=r.rank, pid=r.rank, returncode=1, wall_time=5.0,
+                   mono_time=5.0, attempt=0)
+        for r in tied
+    ]  # fmt: skip
+    on_node = root_cause(exits)
+    job_wide = job_root_cause([record(4, 5.0), record(2, 5.0)])
+    assert local is not None and on_node is not None and job_wide is not None
+    assert local.rank == on_node.rank == job_wide.rank == 2
+
+
+def test_a_failure_record_from_the_store_is_checked_field_by_field() -> None:
+    good = record(3, 1.5).to_json()
+    assert FailureRecord.from_json(good) == record(3, 1.5)
+    for field, bad in [("rank", "3"), ("time", "soon"), ("terminated_by_launcher", 1),
+                       ("traceback", "not a list"), ("stderr_tail", [1, 2])]:  # fmt: skip
+        with pytest.raises(ValueError, match=rf"FailureRecord\.{field}"):
+            FailureRecord.from_json({**good, field: bad})
+    with pytest.raises(ValueError, match=r"FailureRecord\.pid: missing"):
+        FailureRecord.from_json({k: v for k, v in good.items() if k != "pid"})
