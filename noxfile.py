@@ -21,7 +21,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".", "mypy>=1.10")
+    session.install("-e", ".[test]", "mypy>=1.10")  # the tests are type-checked too
     session.run("mypy")
 
 

@@ -8,12 +8,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import pytest
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -33,7 +36,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
     """Poll `predicate` until it returns a truthy value; fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:

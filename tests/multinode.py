@@ -108,7 +108,7 @@ class Job:
         return sorted(latest.values(), key=lambda r: r["rank"]) if len(latest) == size else []
 
     def wait_world(self, size: int, timeout: float) -> list[dict[str, Any]]:
-        return wait_for(lambda: self.world(size), timeout, f"a round with world size {size}")  # type: ignore[no-any-return]
+        return wait_for(lambda: self.world(size), timeout, f"a round with world size {size}")
 
     def finish(self, timeout: float) -> list[int]:
         """Exit codes of all agents; past the deadline every agent is stopped and it fails."""

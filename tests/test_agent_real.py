@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 from conftest import ELASTIC_HYDRA, REPO, WORKERS, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,7 +85,7 @@ def started(
 def gone(pid: int) -> bool:
     """The process no longer runs (exited and reaped, or a zombie nobody reaps)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 
@@ -133,7 +133,7 @@ def kinds(events: list[dict[str, Any]]) -> list[str]:
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "summary.json").read_text())
+    return dict(json.loads((run_dir / "summary.json").read_text()))
 
 
 def load_worker_module(name: str) -> Any:

@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import etcd  # type: ignore[import-untyped]
+import etcd
 import psutil
 import pytest
 from conftest import wait_for

@@ -247,10 +247,11 @@ class FakeRendezvous:
         changes: list[Change | RendezvousError | None] | None = None,
     ) -> None:
         self.rounds = rounds
-        self.changes: list[Change | RendezvousError | None] = [
+        joined: list[Change | RendezvousError | None] = [
             Change(kind=ChangeKind.JOINED, reason=f"{n} node(s) waiting to join") if n else None
             for n in waiting or []
-        ] + list(changes or [])
+        ]
+        self.changes = joined + list(changes or [])
         self.on_join = on_join
         self.calls: list[str] = []
         self.published: list[WorkerExit] = []

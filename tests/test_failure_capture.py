@@ -58,12 +58,12 @@ class Launch:
     @property
     def cause(self) -> dict[str, Any]:
         cause = self.summary["root_cause"]
-        assert cause is not None, self.summary
+        assert isinstance(cause, dict), self.summary
         return cause
 
     def failure(self, rank: int) -> dict[str, Any]:
         (record,) = [f for f in self.summary["failures"] if f["rank"] == rank]
-        return record
+        return dict(record)
 
     def rank_file(self, local_rank: int, name: str, attempt: int = 0) -> Path:
         return self.run_dir / f"attempt_{attempt}" / str(local_rank) / name
@@ -265,7 +265,7 @@ def write_helper(directory: Path) -> Path:
 
 
 def read_facts(out: Path, who: str) -> dict[str, Any]:
-    return json.loads((out / f"facts_{who}.json").read_text())
+    return dict(json.loads((out / f"facts_{who}.json").read_text()))
 
 
 def run_plain(argv: list[str], cwd: Path) -> None:

@@ -8,6 +8,7 @@ launch left by a marker in its processes' command lines.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -21,13 +22,16 @@ from pathlib import Path
 import pytest
 from conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
 
-from elastic_hydra import supervise
 from elastic_hydra.errors import WorkerStartError
 from elastic_hydra.logpump import ConsoleSink
 from elastic_hydra.supervise import LocalWorkers, WorkerSpec
 
 pytestmark = pytest.mark.timeout(180)
 TIMEOUT = 60
+
+
+def unmarked(marker: str) -> bool:
+    return not marked(marker)
 
 
 def marked(marker: str) -> list[int]:
@@ -89,7 +93,7 @@ def test_no_worker_survives_an_agent_killed_at_any_moment_of_its_start(
             proc.kill()
         proc.wait()
         try:
-            wait_for(lambda m=marker: not marked(m), 5, "the workers to die")  # type: ignore[misc]
+            wait_for(functools.partial(unmarked, marker), 5, "the workers to die")
         except AssertionError:
             survivors.append((trial, marked(marker)))
             for pid in marked(marker):
@@ -257,7 +261,7 @@ def test_a_fork_that_fails_is_a_named_failure(
     def no_more_processes(*args: object, **kwargs: object) -> None:
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(supervise.subprocess, "Popen", no_more_processes)
+    monkeypatch.setattr(subprocess, "Popen", no_more_processes)
     spec = WorkerSpec(
         local_rank=0,
         rank=0,

@@ -107,7 +107,7 @@ def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
         with job(tmp_path, backend, endpoint) as j:
             release = tmp_path / "release"
             env = {"EXIT_AT_WORLD": "2", "RELEASE": str(release)}
-            overrides = ("nnodes=2:3", "nproc_per_node=1", *FAST)
+            overrides: tuple[str, ...] = ("nnodes=2:3", "nproc_per_node=1", *FAST)
             if backend == "c10d":
                 overrides += ("rdzv.is_host=false",)  # the store lives in the rdzv-server
             for _ in range(3):
@@ -131,7 +131,7 @@ def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
         assert left and all(e["nodes"] == 2 for e in left), [a.events() for a in survivors]
         for agent in survivors:
             changes = [e for e in agent.events() if e["event"] == "membership"]
-            noticed = float(changes[0]["time"]) - killed_at  # type: ignore[arg-type]
+            noticed = float(changes[0]["time"]) - killed_at
             # Within the bound, plus up to one heartbeat period and torch's 1 s state cache.
             assert noticed < bound + 1 + 1 + 2, noticed
             assert agent.summary()["status"] == "succeeded"

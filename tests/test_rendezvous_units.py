@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -12,12 +13,14 @@ from elastic_hydra.rendezvous_torch import assign_ranks
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
-    infos = [{"role": "default", "rank": i, "local_world_size": n} for i, n in enumerate([2, 4, 1])]
+    infos: list[Mapping[str, Any]] = [
+        {"role": "default", "rank": i, "local_world_size": n} for i, n in enumerate([2, 4, 1])
+    ]
     assert assign_ranks(infos) == [[0, 7, 0, 7], [2, 7, 2, 7], [6, 7, 6, 7]]
 
 
 def test_role_ranks_count_within_each_role_as_torchrun_does() -> None:
-    infos = [
+    infos: list[Mapping[str, Any]] = [
         {"role": "trainer", "rank": 0, "local_world_size": 2},
         {"role": "reader", "rank": 1, "local_world_size": 3},
         {"role": "trainer", "rank": 2, "local_world_size": 2},

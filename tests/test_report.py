@@ -34,7 +34,7 @@ def only_run_dir(root: Path) -> Path:
 
 
 def load(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "summary.json").read_text())
+    return dict(json.loads((run_dir / "summary.json").read_text()))
 
 
 def test_restarts_exhausted_keep_every_failure_and_report_shows_the_timeline(

@@ -483,6 +483,7 @@ def test_quoted_range_in_job_file(job_dir: Path) -> None:
 def test_defaults_equal_torchrun(job_dir: Path) -> None:
     plan = plan_of(T)
     assert isinstance(plan.rdzv, Standalone)
+    assert isinstance(plan.entrypoint, PythonScript)
     assert plan.entrypoint == PythonScript(
         path=str(job_dir / "train.py"), python=plan.entrypoint.python, args=(), bootstrap=BOOTSTRAP
     )

@@ -134,7 +134,7 @@ def run_bounded(kind: str, cmd: list[str], tmp: Path) -> Launch:
 def alive(pid: int) -> bool:
     """True while `pid` runs (a zombie counts as gone: pid 1 here may not reap orphans)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 

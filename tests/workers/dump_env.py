@@ -20,7 +20,7 @@ def main() -> int:
         "argv": sys.argv,
         "orig_argv": sys.orig_argv,
         "executable": sys.executable,
-        "unbuffered": sys.stdout.write_through,  # True under python -u
+        "unbuffered": getattr(sys.stdout, "write_through", None),  # True under python -u
         "pid": os.getpid(),
     }
     name = f"env_{os.environ['RANK']}_{os.environ['TORCHELASTIC_RESTART_COUNT']}.json"

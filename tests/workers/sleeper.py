@@ -64,7 +64,7 @@ def main() -> int:
         while time.monotonic() < deadline:
             ready = all((opts.dir / f"ready_{r}").exists() for r in range(nproc))
             if ready and (opts.go is None or opts.go.exists()):
-                return opts.fail_code
+                return int(opts.fail_code)
             time.sleep(0.01)
         return 99  # the peers never came up, or no go
     time.sleep(opts.seconds)
