@@ -6,6 +6,7 @@ Dependencies come from the package index, so a missing one in pyproject.toml fai
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -85,7 +86,14 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path: Path) -> None:
 
     plan = run([str(env_dir / "bin" / "elastic-hydra"), "script=train.py", "--plan"], work, 60)
     assert "standalone" in plan.stdout
-    assert f"{python} -u {work / 'train.py'}" in plan.stdout
+    # The exact worker command: through the installed package's bootstrap.
+    as_json = run([str(env_dir / "bin" / "elastic-hydra"), "script=train.py", "--plan=json"],
+                  work, 60)  # fmt: skip
+    entrypoint = json.loads(as_json.stdout)["entrypoint"]
+    assert (entrypoint["python"], entrypoint["path"]) == (str(python), str(work / "train.py"))
+    bootstrap = Path(entrypoint["bootstrap"])
+    assert bootstrap.name == "bootstrap.py" and bootstrap.is_relative_to(env_dir)
+    assert bootstrap.is_file()
 
     # c10d plans without torch (not a dependency): torch is imported only when a launch needs it.
     c10d = run(
