@@ -58,6 +58,7 @@ def register() -> None:
     """The schema and our resolvers; idempotent, called before any composition."""
     schema.register()
     OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("eh.keys", schema.keys_text, replace=True)  # for --help
 
 
 def hydra_flags() -> HydraFlags:

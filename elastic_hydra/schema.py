@@ -1,7 +1,8 @@
 """The typed Hydra schema of a job (mutable `*Conf` dataclasses registered in Hydra's ConfigStore).
 
-Composition checks key names and types against it; `resolve` checks everything else. Defaults equal
-torchrun's where torchrun has one.
+Composition checks key names and types against it; `resolve` checks everything else. It is the one
+source of every key's default and help: `--help` and README's key table are generated from it.
+Defaults equal torchrun's where torchrun has one.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,120 +21,113 @@ SCHEMA_NAME = "elastic_hydra_schema"
 CONF_MODULE = "elastic_hydra.conf"  # the presets (conf/ in the repository), as a package
 
 
+def key(default: Any, help: str) -> Any:
+    """A schema field: its default and its one line of help (shown by --help and README)."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def group(conf: type[Any], help: str) -> Any:
+    return field(default_factory=conf, metadata={"help": help})
+
+
 @dataclass
 class RdzvConf:
-    # standalone (one node, nothing external), static (fixed node ranks), or a torch rendezvous
-    # handler: c10d, etcd-v2, etcd.
-    backend: str = "standalone"
-    # host[:port] of the c10d store or etcd server (c10d default port 29400, etcd 2379).
-    endpoint: str = ""
-    # Job id shared by all nodes (TORCHELASTIC_RUN_ID); default: a fresh uuid for standalone,
-    # "none" otherwise, as torchrun.
-    id: str | None = None
-    # torch rendezvous settings (torchrun's --rdzv-conf keys and defaults), in seconds.
-    join_timeout: float = 600.0
-    last_call_timeout: float = 30.0
-    close_timeout: float = 30.0
-    heartbeat_timeout: float = 5.0
-    # A node whose heartbeat is older than keep_alive_interval x keep_alive_max_attempt has left:
-    # the others re-rendezvous without it.
-    keep_alive_interval: float = 5.0
-    keep_alive_max_attempt: int = 3
-    read_timeout: float = 60.0
-    # After its workers succeed, how long a node waits for the others to finish too.
-    exit_barrier_timeout: float = 300.0
-    # c10d: host the store in this agent (default: when the endpoint is this machine).
-    is_host: bool | None = None
-    # Legacy etcd: how long to wait for the other nodes.
-    timeout: float = 900.0
+    backend: str = key(
+        "standalone",
+        "standalone (one node, nothing external), static (fixed node ranks), c10d, etcd-v2, "
+        "etcd (torch's rendezvous handlers) or slurm (c10d at the allocation's first node)",
+    )
+    endpoint: str = key("", "host[:port] of the c10d store or etcd server (ports 29400, 2379)")
+    id: str | None = key(
+        None, "job id shared by all nodes; null: a fresh uuid (standalone), else none"
+    )
+    join_timeout: float = key(600.0, "seconds to wait for the minimum number of nodes")
+    last_call_timeout: float = key(30.0, "seconds to wait for more nodes once MIN joined")
+    close_timeout: float = key(30.0, "seconds to wait for the rendezvous to close")
+    heartbeat_timeout: float = key(5.0, "c10d: heartbeat timeout, seconds")
+    keep_alive_interval: float = key(5.0, "seconds between a node's heartbeats")
+    keep_alive_max_attempt: int = key(
+        3, "heartbeats missed before a node counts as gone (the others re-rendezvous)"
+    )
+    read_timeout: float = key(60.0, "seconds a store read may take")
+    exit_barrier_timeout: float = key(
+        300.0, "after its workers succeed, seconds a node waits for the others to finish"
+    )
+    is_host: bool | None = key(
+        None, "c10d: host the store in this agent; null: when the endpoint is this machine"
+    )
+    timeout: float = key(900.0, "legacy etcd: seconds for the whole rendezvous")
 
 
 @dataclass
 class BackoffConf:
-    # Delay before restart k: min(initial * multiplier**(k-1), max), then +-jitter (a fraction).
-    initial: float = 0.0
-    max: float = 60.0
-    multiplier: float = 2.0
-    jitter: float = 0.0
+    initial: float = key(0.0, "seconds before the first restart")
+    max: float = key(60.0, "longest delay, seconds")
+    multiplier: float = key(2.0, "delay before restart k: min(initial*multiplier^(k-1), max)")
+    jitter: float = key(0.0, "+- this fraction of the delay, e.g. 0.1")
 
 
 @dataclass
 class RestartConf:
-    # Restarts of the worker group after a failure (torchrun --max-restarts). 0 = never.
-    max_restarts: int = 0
-    backoff: BackoffConf = field(default_factory=BackoffConf)
-    # At most window_restarts restarts in any window_seconds (both set, or neither).
-    window_restarts: int | None = None
-    window_seconds: float | None = None
-    # Per exit code / per signal: "retry" or "fail", e.g. {3: fail} and {SIGKILL: fail}.
-    on_exit_code: dict[Any, str] = field(default_factory=dict)
-    on_signal: dict[Any, str] = field(default_factory=dict)
-    # A failure within this many seconds of an attempt's start stops the job (0 = off).
-    fail_fast_seconds: float = 0.0
+    max_restarts: int = key(0, "restarts of the worker group after a failure; 0 = never")
+    backoff: BackoffConf = group(BackoffConf, "the delay before each restart")
+    window_restarts: int | None = key(None, "at most this many restarts in window_seconds")
+    window_seconds: float | None = key(None, "the window of window_restarts (set both or neither)")
+    on_exit_code: dict[Any, str] = key({}, "retry or fail per exit code, e.g. {3: fail}")
+    on_signal: dict[Any, str] = key({}, "retry or fail per signal, e.g. {SIGKILL: fail}")
+    fail_fast_seconds: float = key(
+        0.0, "a failure this soon after an attempt starts stops the job; 0 = off"
+    )
 
 
 @dataclass
 class LogsConf:
-    # Where run directories go (relative to the current directory).
-    root: str = "eh_logs"
-    # Copy worker output to the console (files are always written).
-    tee: bool = True
-    # Nothing on the console but the final summary.
-    quiet: bool = False
-    # Local ranks whose output reaches the console; null = all.
-    ranks: list[int] | None = None
-    # Console prefix of each line; fields {role} {rank} {local_rank} (torchrun's default form).
-    prefix: str = "[{role}{local_rank}]:"
-    # Lines of a failed worker's stderr shown in the summary.
-    tail_lines: int = 20
+    root: str = key("eh_logs", "where run directories go (relative to the current directory)")
+    tee: bool = key(True, "copy worker output to the console (the files are always written)")
+    quiet: bool = key(False, "nothing on the console but the final summary")
+    ranks: list[int] | None = key(None, "local ranks whose output reaches the console; null: all")
+    prefix: str = key(
+        "[{role}{local_rank}]:", "console prefix of each line; fields {role} {rank} {local_rank}"
+    )
+    tail_lines: int = key(20, "lines of a failed worker's stderr shown in the summary")
 
 
 @dataclass
 class ElasticHydraConf:
-    # Exactly one entrypoint: a Python script, a module (python -m), or a program (cmd).
-    script: str | None = None
-    module: str | None = None
-    cmd: str | None = None
-    # Run Python workers through elastic-hydra's bootstrap: tracebacks and crash stacks in the
-    # summary without @record. false runs `python -u SCRIPT` exactly as torchrun does.
-    bootstrap: bool = True
-    # Arguments of the entrypoint; `elastic-hydra ... -- ARGS` fills this byte for byte.
-    args: list[str] = field(default_factory=list)
-    # "N" or "MIN:MAX" (quote it in YAML: unquoted 2:4 is the integer 124).
-    nnodes: Any = 1
-    # Workers per node: an integer, gpu, cpu or auto (the GPUs if any, else one per CPU).
-    nproc_per_node: Any = 1
-    # GPUs to use: null (all usable ones), or nvidia-smi indices / UUIDs, e.g. [0, 2, 5].
-    gpus: list[Any] | None = None
-    # visible: every worker sees all selected GPUs, LOCAL_RANK picks one (torchrun's way);
-    # isolate: each worker sees only its own GPU (CUDA_VISIBLE_DEVICES), as cuda:0.
-    devices: str = "visible"
-    # Allow more workers than selected GPUs (worker i gets GPU i % count).
-    gpu_sharing: bool = False
-    # Pin each worker to a disjoint set of CPUs: its GPU's NUMA node, else an even split; sets
-    # OMP_NUM_THREADS to the share's size unless you set it.
-    cpu_bind: bool = False
-    # This node's rank (static rendezvous).
-    node_rank: int = 0
-    # Static rendezvous: where node 0 hosts the store (one node: 127.0.0.1 and 29500, as torchrun;
-    # several nodes: master_addr is required).
-    master_addr: str | None = None
-    master_port: int | None = None
-    # This node's address as the others see it (default: its hostname).
-    local_addr: str | None = None
-    # ROLE_NAME of the workers.
-    role: str = "default"
-    rdzv: RdzvConf = field(default_factory=RdzvConf)
-    restart: RestartConf = field(default_factory=RestartConf)
-    logs: LogsConf = field(default_factory=LogsConf)
-    # Seconds between SIGTERM and SIGKILL when workers are stopped (torchrun: 30).
-    stop_grace: float = 30.0
-    # Seconds between membership checks while workers run (torchrun --monitor-interval).
-    monitor_interval: float = 0.1
-    # Extra environment for the workers.
-    env: dict[str, str] = field(default_factory=dict)
-    # Free-form values to interpolate into args, e.g. args: [--lr, "${hp.lr}"]; sweep them with -m.
-    hp: dict[str, Any] = field(default_factory=dict)
+    script: str | None = key(None, "the entrypoint: a Python script (exactly one of three)")
+    module: str | None = key(None, "... or a module, run as python -m")
+    cmd: str | None = key(None, "... or a program, split like a shell word list")
+    bootstrap: bool = key(
+        True,
+        "run Python workers through the bootstrap that records tracebacks; false: exactly "
+        "python -u SCRIPT, as torchrun",
+    )
+    args: list[str] = key([], "the entrypoint's arguments; words after -- are appended")
+    nnodes: Any = key(1, "N or MIN:MAX (quote it in YAML: unquoted 2:4 is the integer 124)")
+    nproc_per_node: Any = key(1, "workers per node: N, gpu, cpu or auto (GPUs if any, else CPUs)")
+    gpus: list[Any] | None = key(None, "GPUs to use: null (all), or indices / UUIDs, e.g. [0, 2]")
+    devices: str = key(
+        "visible",
+        "visible: each worker sees every selected GPU (torchrun's way); isolate: only its own",
+    )
+    gpu_sharing: bool = key(False, "allow more workers than GPUs (worker i gets GPU i % count)")
+    cpu_bind: bool = key(False, "pin each worker to its own CPUs (its GPU's NUMA node if any)")
+    node_rank: int = key(0, "this node's rank (rdzv=static only)")
+    master_addr: str | None = key(
+        None, "rdzv=static: node 0's address (null: 127.0.0.1 on one node)"
+    )
+    master_port: int | None = key(None, "rdzv=static: the port of node 0's store (null: 29500)")
+    local_addr: str | None = key(None, "this node's address as the others see it (null: hostname)")
+    role: str = key("default", "ROLE_NAME of the workers")
+    rdzv: RdzvConf = group(RdzvConf, "how the nodes meet")
+    restart: RestartConf = group(RestartConf, "the restart policy")
+    logs: LogsConf = group(LogsConf, "console and log files")
+    stop_grace: float = key(30.0, "seconds between SIGTERM and SIGKILL when workers are stopped")
+    monitor_interval: float = key(0.1, "seconds between membership checks (multi-node)")
+    env: dict[str, str] = key({}, "extra environment for the workers: env.NAME=value")
+    hp: dict[str, Any] = key({}, "free values to interpolate into args: hp.NAME=value")
 
 
 def register() -> None:
@@ -183,3 +178,52 @@ def describe(kind: object) -> str:
     if origin is dict or dataclasses.is_dataclass(kind):
         return "a mapping"
     return "a valid value"
+
+
+# ------------------------------------------------------------------ the keys, for --help and README
+def keys_help(cls: type = ElasticHydraConf, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default as YAML writes it, help) for every key of the schema, in order."""
+    rows: list[tuple[str, str, str]] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += keys_help(typing.cast(type, hints[f.name]), f"{prefix}{f.name}.")
+            continue
+        if f.name in ("env", "hp") and not prefix:  # free-form mappings: a key per name
+            rows.append((f"{f.name}.NAME", "-", f.metadata["help"]))
+            continue
+        default = f.default
+        if default is dataclasses.MISSING:
+            default = typing.cast(Callable[[], object], f.default_factory)()
+        rows.append((f"{prefix}{f.name}", _yaml(default), f.metadata["help"]))
+    return rows
+
+
+def _yaml(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value == "":
+        return '""'
+    if isinstance(value, dict | list):
+        return "{}" if isinstance(value, dict) else "[]"
+    return str(value)
+
+
+def keys_text() -> str:
+    """The keys as `--help` prints them: key, default, help."""
+    rows = keys_help()
+    width = max(len(k) for k, _, _ in rows)
+    shown = max(len(d) for _, d, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {d:<{shown}}  {h}" for k, d, h in rows)
+
+
+def keys_markdown() -> str:
+    """The keys as README's table shows them (a test keeps README's copy equal to this)."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for k, d, h in keys_help():
+        lines.append(f"| `{k}` | `{d}` | {h.replace('|', '/')} |")
+    return "\n".join(lines)
