@@ -7,16 +7,13 @@ the exit barrier are torchrun's, so elastic-hydra and torchrun agents can share 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
-from datetime import timedelta
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from elastic_hydra import store_records
+from elastic_hydra import job_store, store_records
 from elastic_hydra.errors import ConfigError, RendezvousError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import Status, WorkerExit
@@ -35,13 +32,7 @@ from elastic_hydra.seams import (
 Store = Any
 RendezvousHandler = Any
 # torchrun's keys (torch/distributed/elastic/agent/server/api.py, utils/store.py).
-ROLE_INFO = "torchelastic/role_info/"
-ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
-EXIT_BARRIER = "torchelastic/agent/terminal_state"
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
-# Ours: every node's failure records, job-wide, in the store that outlives the rounds.
-FAILURES = "elastic_hydra/{run_id}/failures"
-MAX_RECORDS = 1000  # read at most this many: a forged count must not stall the end of the job
 
 _T = TypeVar("_T")
 
@@ -109,12 +100,7 @@ class TorchRendezvous:
             "rdzv_round": self._round,
             "node": _node_name(_this_node(self.handler)),
         }
-        key = FAILURES.format(run_id=self.plan.run_id)
-        try:
-            index = self.job_store.add(f"{key}/count", 1)
-            self.job_store.set(f"{key}/{index}", store_records.seal(record, self.secret))
-        except Exception:  # the store is gone: this node's summary still has the record
-            return
+        job_store.publish_failure(self.job_store, self.plan.run_id, record, self.secret)
 
     def end(self, status: Status, observer: Observer) -> JobFailures:
         if status is Status.SUCCEEDED:
@@ -130,66 +116,37 @@ class TorchRendezvous:
 
     # --------------------------------------------------------------------------------- the end
     def job_failures(self) -> store_records.Checked:
-        """Every node's published failure records that pass `store_records.check_all` (none
-        when the store is gone), and how many did not."""
+        """Every node's published failure records that pass the checks (none when the store is
+        gone), and how many did not."""
         if self.job_store is None:
             return store_records.Checked(records=[], ignored=0)
-        key = FAILURES.format(run_id=self.plan.run_id)
-        raws: list[bytes] = []
-        try:
-            count = min(int(self.job_store.add(f"{key}/count", 0)), MAX_RECORDS)
-            for index in range(1, count + 1):
-                if self.job_store.check([f"{key}/{index}"]):
-                    raws.append(bytes(self.job_store.get(f"{key}/{index}")))
-        except Exception:  # the store is gone, or holds nonsense: keep what was read
-            pass
         legacy = _dynamic_state(self.handler) is None  # legacy etcd names no participants
-        return store_records.check_all(
-            raws,
+        return job_store.read_failures(
+            self.job_store,
+            self.plan.run_id,
             secret=self.secret,
             nodes=None if legacy else self._seen,
             last_round=self._round,
         )
 
     def exit_barrier(self) -> float | None:
-        """After success, wait for the other nodes to finish (torchrun's barrier, same keys).
-
-        Returns the seconds waited, or None when it gave up: timeout, a node left, a signal.
-        """
-        store, node = self.store, self.node
-        if store is None or node is None:
+        """After success, wait for the other nodes to finish; None when it gave up."""
+        if self.store is None or self.node is None:
             return 0.0
-        started = time.monotonic()
-        last = f"{EXIT_BARRIER}/last_member"
+        return job_store.exit_barrier(
+            self.store,
+            self.node.group_world_size,
+            timeout=self.spec.exit_barrier_timeout,
+            stop=self.interrupt,
+            job_changed=self._changed_but_joined,
+        )
 
-        def done(wait: float = 0.0) -> bool:
-            """Whether the last node arrived; a blocking wait wakes the moment it does."""
-            try:
-                if wait:
-                    store.wait([last], timedelta(seconds=wait))
-                    return True
-                return bool(store.check([last]))
-            except Exception:  # not yet (the wait timed out), or the store is gone
-                return False
-
+    def _changed_but_joined(self) -> bool:
         try:
-            if store.add(f"{EXIT_BARRIER}/num_members", 1) == node.group_world_size:
-                store.set(last, "<val_ignored>")
-        except Exception:
-            return None
-        while time.monotonic() - started < self.spec.exit_barrier_timeout:
-            if done(wait=0.2):
-                return time.monotonic() - started
-            if self.interrupt.signum is not None:
-                return None
-            try:
-                change = self.poll()
-            except RendezvousError:
-                change = Change(kind=ChangeKind.CLOSED, reason="the store is gone")
-            if change is not None and change.kind is not ChangeKind.JOINED:
-                # The last node may have passed the barrier and closed the job meanwhile.
-                return time.monotonic() - started if done() else None
-        return None
+            change = self.poll()
+        except RendezvousError:
+            return True  # the store is gone
+        return change is not None and change.kind is not ChangeKind.JOINED
 
     def shutdown(self) -> None:
         """Close the rendezvous for this run id: nodes still in it stop instead of waiting."""
@@ -265,7 +222,9 @@ class TorchRendezvous:
             raise RendezvousError(self._lost(exc)) from None
         try:
             master = self._master(info)  # first: a joining node's torch handler waits for it
-            node = self._assign_ranks(info.store, info.rank, info.world_size)
+            node = job_store.assign_ranks(
+                self.plan.role, self.plan.nproc_per_node, info.store, info.rank, info.world_size
+            )
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
         self.store = info.store
@@ -283,28 +242,6 @@ class TorchRendezvous:
             use_agent_store=self.handler.use_agent_store,
             **node,
         )
-
-    def _assign_ranks(self, store: Store, group_rank: int, nodes: int) -> dict[str, int]:
-        """torchrun's rank assignment: node 0 sums every node's workers, in node rank order."""
-        role, nproc = self.plan.role, self.plan.nproc_per_node
-        info = {"role": role, "rank": group_rank, "local_world_size": nproc}
-        store.set(f"{ROLE_INFO}{group_rank}", json.dumps(info))
-        if group_rank == 0:
-            infos = [
-                json.loads(raw)
-                for raw in store.multi_get([f"{ROLE_INFO}{i}" for i in range(nodes)])
-            ]
-            store.multi_set(
-                [f"{ASSIGNED_RANKS}{i}" for i in range(nodes)],
-                [json.dumps(ranks) for ranks in assign_ranks(infos)],
-            )
-        base, world, role_base, role_world = json.loads(store.get(f"{ASSIGNED_RANKS}{group_rank}"))
-        return {
-            "base_rank": base,
-            "world_size": world,
-            "role_base_rank": role_base,
-            "role_world_size": role_world,
-        }
 
     def _master(self, info: Any) -> Endpoint:
         """MASTER_ADDR/PORT of this round, the same on every node, on a store fresh to the round.
@@ -352,21 +289,6 @@ class TorchRendezvous:
             if self.spec.backend is DynamicBackend.C10D
             else f"lost the {self.where}: {_reason(exc)}. Check that etcd is running"
         )
-
-
-def assign_ranks(infos: list[Mapping[str, Any]]) -> list[list[int]]:
-    """[base rank, world size, base role rank, role world size] per node, in node rank order."""
-    world = sum(int(i["local_world_size"]) for i in infos)
-    role_sizes: dict[str, int] = {}
-    for info in infos:
-        role_sizes[info["role"]] = role_sizes.get(info["role"], 0) + int(info["local_world_size"])
-    out, base, role_base = [], 0, dict.fromkeys(role_sizes, 0)
-    for info in infos:
-        role = info["role"]
-        out.append([base, world, role_base[role], role_sizes[role]])
-        base += int(info["local_world_size"])
-        role_base[role] += int(info["local_world_size"])
-    return out
 
 
 def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:

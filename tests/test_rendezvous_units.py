@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
+from elastic_hydra.job_store import rank_table
 from elastic_hydra.outcome import WorkerExit, root_cause
 from elastic_hydra.records import FailureRecord, job_root_cause
-from elastic_hydra.rendezvous_torch import assign_ranks
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
     infos: list[Mapping[str, Any]] = [
         {"role": "default", "rank": i, "local_world_size": n} for i, n in enumerate([2, 4, 1])
     ]
-    assert assign_ranks(infos) == [[0, 7, 0, 7], [2, 7, 2, 7], [6, 7, 6, 7]]
+    assert rank_table(infos) == [[0, 7, 0, 7], [2, 7, 2, 7], [6, 7, 6, 7]]
 
 
 def test_role_ranks_count_within_each_role_as_torchrun_does() -> None:
@@ -26,7 +26,7 @@ def test_role_ranks_count_within_each_role_as_torchrun_does() -> None:
         {"role": "trainer", "rank": 2, "local_world_size": 2},
     ]
     # [base global rank, world size, base role rank, role world size]
-    assert assign_ranks(infos) == [[0, 7, 0, 4], [2, 7, 0, 3], [5, 7, 2, 4]]
+    assert rank_table(infos) == [[0, 7, 0, 4], [2, 7, 0, 3], [5, 7, 2, 4]]
 
 
 def record(rank: int, time: float, rdzv_round: int | None = 0, **extra: Any) -> FailureRecord:
