@@ -1,7 +1,18 @@
-"""Launching elastic-hydra in tests: composing a job exactly as the command does, running it."""
+"""Launching elastic-hydra in tests: composing a job exactly as the command does, running it.
+
+`run` / `run_raw` run one launch to its end (text / bytes); `started` runs one in the background
+and kills it if the test leaves it running. Every launch gets `launcher_env`: this environment
+minus what a test run or a surrounding launch would leak into it.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -33,3 +44,66 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     return {str(k): v for k, v in data.items()}
+
+
+ELASTIC_HYDRA = [sys.executable, "-m", "elastic_hydra"]
+TIMEOUT = 120.0
+# Set by pytest, by a launch around the test run, or by shell completion: never the launch's own.
+_LEAKS = ("ELASTIC_HYDRA", "PYTEST", "COMP_", "TORCHELASTIC_", "PYTHON_EXEC")
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    """The environment of a launch: this one minus leaks, rich's tables one row per line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LEAKS) and k != "RANK"}
+    env["COLUMNS"] = "500"
+    env.update(extra)
+    return env
+
+
+def run(
+    *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    """`elastic-hydra ARGS` to its end, its output as text."""
+    return subprocess.run(
+        [*ELASTIC_HYDRA, *args],
+        cwd=cwd,
+        env=launcher_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_raw(
+    *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[bytes]:
+    """`elastic-hydra ARGS` to its end, its output byte for byte."""
+    return subprocess.run(
+        [*ELASTIC_HYDRA, *args],
+        cwd=cwd,
+        env=launcher_env(**(env or {})),
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@contextmanager
+def started(
+    *args: str, cwd: Path, env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`elastic-hydra ARGS` in the background; killed if the test leaves it running."""
+    proc = subprocess.Popen(
+        [*ELASTIC_HYDRA, *args],
+        cwd=cwd,
+        env=launcher_env(**(env or {})),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)

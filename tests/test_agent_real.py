@@ -19,8 +19,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import psutil
 import pytest
 import yaml  # type: ignore[import-untyped]
 from conftest import ELASTIC_HYDRA, REPO, WORKERS, wait_for
+from launch import launcher_env, run_raw, started
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,48 +41,6 @@ LAUNCH_TIMEOUT = 30  # seconds for one launch that should end by itself
 
 
 # ------------------------------------------------------------------------------------- helpers
-def agent_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_HYDRA", "PYTEST"))}
-    env.pop("PYTHON_EXEC", None)
-    env["COLUMNS"] = "250"  # rich: keep the sweep table's rows on one line each
-    env.update(extra)
-    return env
-
-
-def run_cli(
-    cwd: Path, *args: str, timeout: float = LAUNCH_TIMEOUT, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[bytes]:
-    """One launch to its end, output captured as bytes."""
-    return subprocess.run(
-        [*ELASTIC_HYDRA, *args],
-        cwd=cwd,
-        env=env or agent_env(),
-        capture_output=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-@contextmanager
-def started(
-    cwd: Path, *args: str, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A launch running in the background; killed (by its pid) if the test leaves it running."""
-    proc = subprocess.Popen(
-        [*ELASTIC_HYDRA, *args],
-        cwd=cwd,
-        env=env or agent_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
-
-
 def gone(pid: int) -> bool:
     """The process no longer runs (exited and reaped, or a zombie nobody reaps)."""
     try:
@@ -148,7 +107,7 @@ def load_worker_module(name: str) -> Any:
 def test_success_writes_run_dir_events_and_overrides(tmp_path: Path) -> None:
     out = tmp_path / "dumps"
     script_args = [str(out), "--lr", "0.1", "two words", "k=v,w", "${not.interpolated}"]
-    proc = run_cli(tmp_path, f"script={DUMP_ENV}", "nproc_per_node=2", "--", *script_args)
+    proc = run_raw(f"script={DUMP_ENV}", "nproc_per_node=2", "--", *script_args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
 
     run_dir = find_run_dir(tmp_path / "eh_logs")
@@ -182,10 +141,21 @@ def test_success_writes_run_dir_events_and_overrides(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------- 2 restart
 def test_restart_after_failure_on_first_attempt(tmp_path: Path) -> None:
     out = tmp_path / "records"
-    proc = run_cli(
-        tmp_path, f"script={EXIT_CODE}", "nproc_per_node=2", "restart.max_restarts=1",
-        "--", "--code", "3", "--rank", "1", "--attempt", "0", "--dir", str(out),
-    )  # fmt: skip
+    proc = run_raw(
+        f"script={EXIT_CODE}",
+        "nproc_per_node=2",
+        "restart.max_restarts=1",
+        "--",
+        "--code",
+        "3",
+        "--rank",
+        "1",
+        "--attempt",
+        "0",
+        "--dir",
+        str(out),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
 
     run_dir = find_run_dir(tmp_path / "eh_logs")
@@ -207,10 +177,19 @@ def test_restart_after_failure_on_first_attempt(tmp_path: Path) -> None:
 
 
 def test_failure_without_restarts_names_root_cause(tmp_path: Path) -> None:
-    proc = run_cli(
-        tmp_path, f"script={EXIT_CODE}", "nproc_per_node=3", "stop_grace=5",
-        "--", "--code", "3", "--rank", "1", "--dir", str(tmp_path / "records"),
-    )  # fmt: skip
+    proc = run_raw(
+        f"script={EXIT_CODE}",
+        "nproc_per_node=3",
+        "stop_grace=5",
+        "--",
+        "--code",
+        "3",
+        "--rank",
+        "1",
+        "--dir",
+        str(tmp_path / "records"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stderr.decode(errors="replace")
     assert b"Traceback" not in proc.stderr
 
@@ -230,9 +209,20 @@ def test_failure_without_restarts_names_root_cause(tmp_path: Path) -> None:
 def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     with started(
-        tmp_path, f"script={SLEEPER}", "nproc_per_node=2", "stop_grace=1",
-        "--", "--dir", str(markers), "--ignore-term", "0", "--fail-rank", "1", "--fail-code", "3",
-    ) as agent:  # fmt: skip
+        f"script={SLEEPER}",
+        "nproc_per_node=2",
+        "stop_grace=1",
+        "--",
+        "--dir",
+        str(markers),
+        "--ignore-term",
+        "0",
+        "--fail-rank",
+        "1",
+        "--fail-code",
+        "3",
+        cwd=tmp_path,
+    ) as agent:
         try:
             stubborn = read_markers(markers, 2)[0]["pid"]
             began = time.monotonic()
@@ -257,9 +247,20 @@ def test_grandchildren_die_with_their_worker(tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     go = tmp_path / "go"
     with started(
-        tmp_path, f"script={SLEEPER}", "nproc_per_node=2", "stop_grace=5",
-        "--", "--dir", str(markers), "--grandchild", "0", "--fail-rank", "1", "--go", str(go),
-    ) as agent:  # fmt: skip
+        f"script={SLEEPER}",
+        "nproc_per_node=2",
+        "stop_grace=5",
+        "--",
+        "--dir",
+        str(markers),
+        "--grandchild",
+        "0",
+        "--fail-rank",
+        "1",
+        "--go",
+        str(go),
+        cwd=tmp_path,
+    ) as agent:
         try:
             grandchild = read_markers(markers, 2)[0]["grandchild"]
             assert grandchild and not gone(grandchild)
@@ -294,7 +295,8 @@ def test_stop_is_not_stalled_by_zombie_grandchild(tmp_path: Path) -> None:
             [sys.executable, "-c", AS_SUBREAPER, f"script={SLEEPER}", "nproc_per_node=2",
              "stop_grace=0.5",
              "--", "--dir", str(markers), "--grandchild", "0", "--fail-rank", "1"],
-            cwd=tmp_path, env=agent_env(), capture_output=True, timeout=LAUNCH_TIMEOUT, check=False,
+            cwd=tmp_path, env=launcher_env(), capture_output=True, timeout=LAUNCH_TIMEOUT,
+            check=False,
         )  # fmt: skip
     finally:
         kill_leftovers(marker_pids(markers))
@@ -310,7 +312,7 @@ def test_stop_is_not_stalled_by_zombie_grandchild(tmp_path: Path) -> None:
 def test_workers_die_when_agent_is_sigkilled(tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     with started(
-        tmp_path, f"script={SLEEPER}", "nproc_per_node=2", "--", "--dir", str(markers)
+        f"script={SLEEPER}", "nproc_per_node=2", "--", "--dir", str(markers), cwd=tmp_path
     ) as agent:
         try:
             pids = [m["pid"] for m in read_markers(markers, 2)]
@@ -324,9 +326,15 @@ def test_workers_die_when_agent_is_sigkilled(tmp_path: Path) -> None:
 def test_grandchildren_die_when_agent_is_sigkilled(tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     with started(
-        tmp_path, f"script={SLEEPER}", "nproc_per_node=1",
-        "--", "--dir", str(markers), "--grandchild", "all",
-    ) as agent:  # fmt: skip
+        f"script={SLEEPER}",
+        "nproc_per_node=1",
+        "--",
+        "--dir",
+        str(markers),
+        "--grandchild",
+        "all",
+        cwd=tmp_path,
+    ) as agent:
         try:
             grandchild = read_markers(markers, 1)[0]["grandchild"]
             agent.send_signal(signal.SIGKILL)
@@ -343,7 +351,7 @@ def test_grandchildren_die_when_agent_is_sigkilled(tmp_path: Path) -> None:
 def test_signal_to_agent_stops_everything(tmp_path: Path, sig: signal.Signals) -> None:
     markers = tmp_path / "markers"
     with started(
-        tmp_path, f"script={SLEEPER}", "nproc_per_node=2", "--", "--dir", str(markers)
+        f"script={SLEEPER}", "nproc_per_node=2", "--", "--dir", str(markers), cwd=tmp_path
     ) as agent:
         try:
             pids = [m["pid"] for m in read_markers(markers, 2)]
@@ -398,7 +406,7 @@ def _ctrl_c_at(tmp_path: Path, reached: Any) -> tuple[int, bytes]:
     markers = tmp_path / "markers"
     try:
         with started(
-            tmp_path, f"script={SLEEPER}", "--", "--dir", str(markers), "--seconds", "5"
+            f"script={SLEEPER}", "--", "--dir", str(markers), "--seconds", "5", cwd=tmp_path
         ) as agent:
             wait_for(lambda: reached(agent.pid), 10, "the start-up stage", interval=0.001)
             agent.send_signal(signal.SIGSTOP)  # the SIGINT lands exactly where we looked
@@ -422,9 +430,15 @@ def test_ctrl_c_during_start_up_exits_130_quietly(tmp_path: Path, stage: str) ->
 
 def test_sigterm_during_restart_backoff_exits_at_once(tmp_path: Path) -> None:
     with started(
-        tmp_path, f"script={EXIT_CODE}", "nproc_per_node=1",
-        "restart.max_restarts=5", "restart.backoff.initial=30", "--", "--code", "1",
-    ) as agent:  # fmt: skip
+        f"script={EXIT_CODE}",
+        "nproc_per_node=1",
+        "restart.max_restarts=5",
+        "restart.backoff.initial=30",
+        "--",
+        "--code",
+        "1",
+        cwd=tmp_path,
+    ) as agent:
         run_dir = find_run_dir(tmp_path / "eh_logs")
         wait_for(lambda: "restart" in kinds(read_events(run_dir)), 20, "the restart event")
         began = time.monotonic()
@@ -465,7 +479,7 @@ def _as_console(stream: bytes) -> bytes:
 def test_logs_keep_every_byte_and_console_gets_every_line_once(tmp_path: Path) -> None:
     lines, nproc = 100_000, 4
     spam = load_worker_module("spam")
-    proc = run_cli(tmp_path, f"script={SPAM}", f"nproc_per_node={nproc}", "--", str(lines))
+    proc = run_raw(f"script={SPAM}", f"nproc_per_node={nproc}", "--", str(lines), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:].decode(errors="replace")
     run_dir = find_run_dir(tmp_path / "eh_logs")
     for rank in range(nproc):
@@ -483,8 +497,13 @@ def test_logs_keep_every_byte_and_console_gets_every_line_once(tmp_path: Path) -
 def test_logs_ranks_filters_the_console_only(tmp_path: Path) -> None:
     lines, nproc = 2000, 3
     spam = load_worker_module("spam")
-    proc = run_cli(
-        tmp_path, f"script={SPAM}", f"nproc_per_node={nproc}", "logs.ranks=[1]", "--", str(lines)
+    proc = run_raw(
+        f"script={SPAM}",
+        f"nproc_per_node={nproc}",
+        "logs.ranks=[1]",
+        "--",
+        str(lines),
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-2000:].decode(errors="replace")
     run_dir = find_run_dir(tmp_path / "eh_logs")
@@ -500,8 +519,8 @@ def test_logs_ranks_filters_the_console_only(tmp_path: Path) -> None:
 def test_logs_quiet_prints_no_worker_line(tmp_path: Path) -> None:
     lines, nproc = 2000, 2
     spam = load_worker_module("spam")
-    proc = run_cli(
-        tmp_path, f"script={SPAM}", f"nproc_per_node={nproc}", "logs=quiet", "--", str(lines)
+    proc = run_raw(
+        f"script={SPAM}", f"nproc_per_node={nproc}", "logs=quiet", "--", str(lines), cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-2000:].decode(errors="replace")
     assert b"rank " not in proc.stdout and b"rank " not in proc.stderr
@@ -514,7 +533,7 @@ def test_console_closed_early_loses_nothing_in_files(tmp_path: Path) -> None:
     """A console that goes away (`elastic-hydra ... | head`) stops neither the run nor the logs."""
     lines = 20_000
     spam = load_worker_module("spam")
-    with started(tmp_path, f"script={SPAM}", "nproc_per_node=2", "--", str(lines)) as agent:
+    with started(f"script={SPAM}", "nproc_per_node=2", "--", str(lines), cwd=tmp_path) as agent:
         assert agent.stdout is not None
         assert agent.stdout.read(100)
         agent.stdout.close()
@@ -541,7 +560,7 @@ def test_concurrent_launches_get_distinct_run_dirs_ports_and_ids(tmp_path: Path)
                 str(tmp_path / f"out{i}"),
             ],
             cwd=tmp_path,
-            env=agent_env(),
+            env=launcher_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -584,10 +603,15 @@ def test_module_entrypoint_runs_with_user_cwd(tmp_path: Path, bootstrap: bool) -
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "dump.py").write_text(Path(DUMP_ENV).read_text())
-    proc = run_cli(
-        tmp_path, "module=mypkg.dump", "nproc_per_node=2", f"bootstrap={bootstrap}",
-        "--", "out", "extra arg",
-    )  # fmt: skip
+    proc = run_raw(
+        "module=mypkg.dump",
+        "nproc_per_node=2",
+        f"bootstrap={bootstrap}",
+        "--",
+        "out",
+        "extra arg",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     for rank in (0, 1):
         dumped = json.loads((tmp_path / "out" / f"env_{rank}_0.json").read_text())
@@ -603,7 +627,7 @@ def test_module_entrypoint_runs_with_user_cwd(tmp_path: Path, bootstrap: bool) -
 
 @pytest.mark.parametrize("bootstrap", [True, False])
 def test_script_entrypoint_runs_unbuffered_in_user_cwd(tmp_path: Path, bootstrap: bool) -> None:
-    proc = run_cli(tmp_path, f"script={DUMP_ENV}", f"bootstrap={bootstrap}", "--", "out")
+    proc = run_raw(f"script={DUMP_ENV}", f"bootstrap={bootstrap}", "--", "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     dumped = json.loads((tmp_path / "out" / "env_0_0.json").read_text())
     assert dumped["cwd"] == str(tmp_path)
@@ -621,7 +645,7 @@ def test_cmd_entrypoint_runs_a_program(tmp_path: Path) -> None:
     )
     program.chmod(0o755)
     (tmp_path / "out").mkdir()
-    proc = run_cli(tmp_path, "cmd=./prog.sh", "nproc_per_node=2", "--", "out", "a b")
+    proc = run_raw("cmd=./prog.sh", "nproc_per_node=2", "--", "out", "a b", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     for rank in (0, 1):
         text = (tmp_path / "out" / f"cmd_{rank}").read_text()
@@ -629,7 +653,7 @@ def test_cmd_entrypoint_runs_a_program(tmp_path: Path) -> None:
 
 
 def test_cmd_env_prints_the_worker_environment(tmp_path: Path) -> None:
-    proc = run_cli(tmp_path, "cmd=env", "nproc_per_node=2", "env.EXTRA_VAR=hello")
+    proc = run_raw("cmd=env", "nproc_per_node=2", "env.EXTRA_VAR=hello", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     for rank in (0, 1):
         for line in (f"RANK={rank}", f"LOCAL_RANK={rank}", "WORLD_SIZE=2", "EXTRA_VAR=hello"):
@@ -642,10 +666,14 @@ def test_python_exec_override_is_used(tmp_path: Path) -> None:
         f'#!/bin/sh\necho "$@" > "{tmp_path}/wrapper_used_$RANK"\nexec "{sys.executable}" "$@"\n'
     )
     wrapper.chmod(0o755)
-    proc = run_cli(
-        tmp_path, f"script={DUMP_ENV}", "nproc_per_node=2", "--", "out",
-        env=agent_env(PYTHON_EXEC=str(wrapper)),
-    )  # fmt: skip
+    proc = run_raw(
+        f"script={DUMP_ENV}",
+        "nproc_per_node=2",
+        "--",
+        "out",
+        env=launcher_env(PYTHON_EXEC=str(wrapper)),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     for rank in (0, 1):
         used = (tmp_path / f"wrapper_used_{rank}").read_text()
@@ -684,7 +712,7 @@ def test_worker_output_reaches_console_before_worker_exits(tmp_path: Path) -> No
     proc = subprocess.Popen(
         [*ELASTIC_HYDRA, f"script={WAIT_FILE}", "--", "TOKEN-1234", str(go)],
         cwd=tmp_path,
-        env=agent_env(),
+        env=launcher_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -703,7 +731,7 @@ def test_worker_output_reaches_console_before_worker_exits(tmp_path: Path) -> No
 
 # ------------------------------------------------------------------------------------- 10 multirun
 def test_multirun_reports_each_launch(tmp_path: Path) -> None:
-    proc = run_cli(tmp_path, "-m", f"script={EXIT_CODE}", "env.CODE=0,3")
+    proc = run_raw("-m", f"script={EXIT_CODE}", "env.CODE=0,3", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr.decode(errors="replace")
 
     summaries = sorted((tmp_path / "eh_logs" / "multirun").rglob("summary.json"))

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ELASTIC_HYDRA, REPO
-from launch import compose, invocation, resolved
+from conftest import REPO
+from launch import compose, invocation, resolved, run
 from omegaconf import OmegaConf
 
 from elastic_hydra.cli import main
@@ -57,24 +57,6 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def run_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "COLUMNS": "500", **(env or {})}
-    for name in ("COMP_LINE", "COMP_POINT", "ELASTIC_HYDRA_FULL_ERROR"):
-        if env is None or name not in env:
-            full_env.pop(name, None)
-    return subprocess.run(
-        [*ELASTIC_HYDRA, *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
 
 
 # ------------------------------------------------------------------------------------ parse_argv
@@ -123,7 +105,7 @@ def test_double_dash_appends_to_the_job_files_args(workdir: Path) -> None:
         "--steps", "0.1", "--lr", "${x}",
     ]  # fmt: skip
     assert list(compose("jobs/a.yaml", "args=[--only]").args) == ["--only"]  # args= replaces
-    proc = run_cli("jobs/a.yaml", "--plan", "--", "--lr", "1", cwd=workdir)
+    proc = run("jobs/a.yaml", "--plan", "--", "--lr", "1", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     assert "--steps 0.1 --lr 1" in proc.stdout
     assert "after --" in proc.stdout and "args=[...]" in proc.stdout
@@ -165,7 +147,7 @@ def test_version_in_process(capsys: pytest.CaptureFixture[str]) -> None:
 
 # ---------------------------------------------------------------------------- the real command
 def test_help_mentions_plan_presets_and_examples(workdir: Path) -> None:
-    proc = run_cli("--help", cwd=workdir)
+    proc = run("--help", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "--plan" in out
@@ -176,7 +158,7 @@ def test_help_mentions_plan_presets_and_examples(workdir: Path) -> None:
 
 
 def test_cfg_job_prints_composed_yaml(workdir: Path) -> None:
-    proc = run_cli("script=t.py", "--cfg", "job", cwd=workdir)
+    proc = run("script=t.py", "--cfg", "job", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     assert "script: t.py" in proc.stdout.splitlines()
     assert "max_restarts: 0" in proc.stdout
@@ -184,9 +166,7 @@ def test_cfg_job_prints_composed_yaml(workdir: Path) -> None:
 
 def test_plan_prints_command_and_creates_nothing(workdir: Path) -> None:
     before = sorted(p.name for p in workdir.iterdir())
-    proc = run_cli(
-        "script=train.py", "nproc_per_node=2", "--plan", "--", "--lr", "0.1", cwd=workdir
-    )
+    proc = run("script=train.py", "nproc_per_node=2", "--plan", "--", "--lr", "0.1", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     # The exact worker command, the traceback-recording bootstrap included.
     worker = [sys.executable, "-u", BOOTSTRAP, str(workdir / "train.py"), "--lr", "0.1"]
@@ -205,7 +185,7 @@ def test_plan_for_a_job_file_in_another_directory(tmp_path: Path) -> None:
     cwd.mkdir()
     (cwd / "train.py").write_text("print('train')\n")
     for job in (str(jobs / "pretrain.yaml"), "../elsewhere/jobs/pretrain.yaml"):
-        proc = run_cli(job, "--plan", cwd=cwd)
+        proc = run(job, "--plan", cwd=cwd)
         assert proc.returncode == 0, proc.stderr
         assert str(cwd / "train.py") in proc.stdout
         assert "world size 3" in proc.stdout
@@ -213,7 +193,7 @@ def test_plan_for_a_job_file_in_another_directory(tmp_path: Path) -> None:
 
 
 def test_bad_config_from_the_shell_is_one_line(workdir: Path) -> None:
-    proc = run_cli("script=train.py", "nnodes=0", "--plan", cwd=workdir)
+    proc = run("script=train.py", "nnodes=0", "--plan", cwd=workdir)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "elastic-hydra: error: nnodes: needs at least 1 node (got 0); expected N or MIN:MAX "
@@ -315,14 +295,14 @@ def test_importing_the_cli_registers_nothing() -> None:
 
 def test_a_job_that_sets_multirun_mode_sweeps_without_dash_m(workdir: Path) -> None:
     (workdir / "jobs" / "sweep.yaml").write_text(JOB + "hydra:\n  mode: MULTIRUN\n")
-    proc = run_cli("jobs/sweep.yaml", "env.X=1,2", cwd=workdir)
+    proc = run("jobs/sweep.yaml", "env.X=1,2", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     assert len([line for line in proc.stdout.splitlines() if "env.X=" in line]) == 2
     assert len(list((workdir / "eh_logs" / "multirun").rglob("summary.json"))) == 2
 
 
 def test_a_sweep_without_multirun_is_one_line_and_creates_nothing(workdir: Path) -> None:
-    proc = run_cli("jobs/x.yaml", "env.X=1,2", cwd=workdir)
+    proc = run("jobs/x.yaml", "env.X=1,2", cwd=workdir)
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert "env.X=1,2" in line and "--multirun" in line
@@ -363,7 +343,7 @@ def test_the_exit_skips_teardown_but_flushes_logs_and_streams(
 def complete(line: str, cwd: Path) -> list[str]:
     # What Hydra's bash function does: COMP_LINE/COMP_POINT set, then `<app> -sc query=bash`.
     env = {"COMP_LINE": line, "COMP_POINT": str(len(line))}
-    proc = run_cli("-sc", "query=bash", cwd=cwd, env=env)
+    proc = run("-sc", "query=bash", cwd=cwd, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split()
 
@@ -393,7 +373,7 @@ def test_examples_exist() -> None:
 @pytest.mark.parametrize("job", EXAMPLE_JOBS, ids=lambda p: p.name)
 def test_example_job_plans(job: Path) -> None:
     before = sorted(p.name for p in REPO.iterdir())
-    proc = run_cli(str(job.relative_to(REPO)), "--plan", cwd=REPO)
+    proc = run(str(job.relative_to(REPO)), "--plan", cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     script = OmegaConf.load(job).script  # relative to the repository root, the cwd here
     assert (REPO / script).is_file()

@@ -13,7 +13,6 @@ text, as stderr is not a terminal); worker output is only in the run dir's files
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -22,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ELASTIC_HYDRA, REPO, WORKERS
+from conftest import REPO, WORKERS
+from launch import launcher_env, run_raw
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,15 +35,6 @@ TRACEBACK_HEADER = "Traceback (most recent call last):"
 
 
 # ------------------------------------------------------------------------------------- helpers
-def agent_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_HYDRA", "PYTEST"))}
-    for name in ("PYTHON_EXEC", "TORCHELASTIC_ERROR_FILE", "RANK"):
-        env.pop(name, None)
-    env["COLUMNS"] = "250"
-    env.update(extra)
-    return env
-
-
 class Launch:
     """One finished launch: the process, its run dir, summary.json and the printed report."""
 
@@ -78,21 +69,14 @@ def launch(
 ) -> Launch:
     """`python -m elastic_hydra OVERRIDES -- ARGS` to its end; run dir under tmp_path/eh_logs."""
     logs_root = tmp_path / "eh_logs"
-    argv = [
-        *ELASTIC_HYDRA,
+    proc = run_raw(
         *overrides,
         f"logs.root={logs_root}",
         "stop_grace=2",
         *(["logs=quiet"] if quiet else []),
         *(["--", *args] if args else []),
-    ]
-    proc = subprocess.run(
-        argv,
         cwd=cwd or tmp_path,
-        env=agent_env(),
-        capture_output=True,
         timeout=LAUNCH_TIMEOUT,
-        check=False,
     )
     return Launch(proc, logs_root)
 
@@ -272,7 +256,7 @@ def run_plain(argv: list[str], cwd: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-u", *argv],
         cwd=cwd,
-        env=agent_env(),
+        env=launcher_env(),
         capture_output=True,
         timeout=PLAIN_TIMEOUT,
         check=False,
@@ -374,7 +358,7 @@ def test_bootstrap_exits_like_python_on_sys_exit_and_success(tmp_path: Path) -> 
     for args, code in (([], 0), (["0"], 0), (["7"], 7)):
         proc = subprocess.run(
             [sys.executable, "-u", BOOTSTRAP, str(script), *args],
-            env=agent_env(TORCHELASTIC_ERROR_FILE=str(error_file)),
+            env=launcher_env(TORCHELASTIC_ERROR_FILE=str(error_file)),
             capture_output=True,
             timeout=PLAIN_TIMEOUT,
             check=False,
@@ -899,7 +883,7 @@ def test_exception_with_failing_str_is_still_recorded(tmp_path: Path) -> None:
     error_file = tmp_path / "error.json"
     proc = subprocess.run(
         [sys.executable, "-u", BOOTSTRAP, str(script)],
-        env=agent_env(TORCHELASTIC_ERROR_FILE=str(error_file)),
+        env=launcher_env(TORCHELASTIC_ERROR_FILE=str(error_file)),
         capture_output=True,
         timeout=PLAIN_TIMEOUT,
         check=False,

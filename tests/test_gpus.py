@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import ELASTIC_HYDRA
+from launch import launcher_env
 
 from elastic_hydra import devices
 from elastic_hydra.env import WorkerFiles, worker_env
@@ -390,13 +391,12 @@ def test_node_cpus_from_sysfs(fake_sysfs: Path) -> None:
 # ---------------------------------------------------------------------- 3. resolution via --plan
 def cli_env(*, path_first: Path | None, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The agent's environment: this one, minus test variables, any real nvidia-smi and NVML."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_HYDRA", "PYTEST"))}
-    for key in ("PYTHON_EXEC", "CUDA_VISIBLE_DEVICES", "COMP_LINE", "PYTHONPATH"):
+    env = launcher_env()
+    for key in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH"):
         env.pop(key, None)
     dirs = [d for d in env.get("PATH", os.defpath).split(os.pathsep) if d]
     dirs = [d for d in dirs if not os.access(os.path.join(d, "nvidia-smi"), os.X_OK)]
     env["PATH"] = os.pathsep.join(([str(path_first)] if path_first else []) + dirs)
-    env["COLUMNS"] = "400"  # rich: one table row per line
     env.update(extra or {})
     return env
 

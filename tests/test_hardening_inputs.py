@@ -4,7 +4,6 @@ the world's faults and hostile input each as one line (never exit 70), nothing l
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import subprocess
@@ -14,27 +13,12 @@ from pathlib import Path
 
 import pytest
 from conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
+from launch import run
 
 from elastic_hydra.rundir import RunDir
 
 TIMEOUT = 60
 BASE = "defaults: [elastic_hydra_base, _self_]\nscript: x.py\n"
-
-
-def eh(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    full_env.pop("ELASTIC_HYDRA_FULL_ERROR", None)
-    return subprocess.run(
-        [*ELASTIC_HYDRA, *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
 
 
 def tree(root: Path) -> set[str]:
@@ -58,14 +42,14 @@ def work(tmp_path: Path) -> Path:
 def test_a_config_error_never_removes_the_working_directory_or_its_parents(work: Path) -> None:
     empty = work / "proj" / "empty"
     empty.mkdir(parents=True)  # proj/ holds nothing but the empty working directory
-    proc = eh("script=../../x.py", "nnodes=0", cwd=empty)
+    proc = run("script=../../x.py", "nnodes=0", cwd=empty)
     assert "nnodes" in one_error_line(proc)
     assert empty.is_dir() and (work / "proj").is_dir()
 
 
 def test_a_config_error_keeps_a_pre_created_logs_root_parent(work: Path) -> None:
     (work / "keep" / "runs").mkdir(parents=True)
-    proc = eh("script=x.py", f"logs.root={work}/keep/runs/exp1", "nproc_per_node=0", cwd=work)
+    proc = run("script=x.py", f"logs.root={work}/keep/runs/exp1", "nproc_per_node=0", cwd=work)
     assert "nproc_per_node" in one_error_line(proc)
     assert (work / "keep" / "runs").is_dir()
     assert not (work / "keep" / "runs" / "exp1").exists()
@@ -85,7 +69,7 @@ def test_a_failed_launch_leaves_the_tree_as_it_found_it(
 ) -> None:
     (work / "job.yaml").write_text(job)
     before = tree(work)
-    proc = eh("job.yaml", *args, cwd=work)
+    proc = run("job.yaml", *args, cwd=work)
     assert proc.returncode == 2, proc.stderr
     assert tree(work) == before
 
@@ -120,7 +104,7 @@ def test_discard_of_an_existing_directory_removes_nothing_of_the_users(tmp_path:
 # ------------------------------------------------------------------------ privacy and secrets
 def test_run_dirs_are_private_and_no_secret_value_reaches_a_file(work: Path) -> None:
     (work / "job.yaml").write_text(BASE + "env:\n  DB_PASSWORD: hunter2-in-yaml\n")
-    proc = eh(
+    proc = run(
         "job.yaml",
         "env.WANDB_API_KEY=s3cr3t-wandb",
         "+hp.hf_token=s3cr3t-hf",
@@ -128,9 +112,9 @@ def test_run_dirs_are_private_and_no_secret_value_reaches_a_file(work: Path) -> 
         env={"OPENAI_API_KEY": "s3cr3t-inherited"},
     )
     assert proc.returncode == 0, proc.stderr
-    (run,) = (work / "eh_logs").glob("*/*")
+    (run_dir,) = (work / "eh_logs").glob("*/*")
     files = [p for p in (work / "eh_logs").rglob("*") if p.is_file()]
-    names = {str(p.relative_to(run)) for p in files}
+    names = {str(p.relative_to(run_dir)) for p in files}
     assert {"plan.json", "config.yaml", "summary.json", "result.json", "events.jsonl"} <= names
     assert {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"} <= names
     for path in files:
@@ -142,13 +126,13 @@ def test_run_dirs_are_private_and_no_secret_value_reaches_a_file(work: Path) -> 
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
     for f in files:
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
-    plan = json.loads((run / "plan.json").read_text())
+    plan = json.loads((run_dir / "plan.json").read_text())
     assert ["WANDB_API_KEY", "<redacted>"] in plan["env"]
 
 
 def test_an_inherited_secret_reaches_the_worker_and_no_file(work: Path) -> None:
     out = work / "dump"
-    proc = eh(
+    proc = run(
         f"script={WORKERS / 'dump_env.py'}", "--", str(out), cwd=work, env={"HF_TOKEN": "tok-777"}
     )
     assert proc.returncode == 0, proc.stderr
@@ -160,7 +144,7 @@ def test_an_inherited_secret_reaches_the_worker_and_no_file(work: Path) -> None:
 
 # --------------------------------------------------------------------------- the world's faults
 def test_a_logs_root_that_cannot_be_made_is_one_line_before_anything_starts(work: Path) -> None:
-    line = one_error_line(eh("script=x.py", "logs.root=/etc/passwd/x", cwd=work))
+    line = one_error_line(run("script=x.py", "logs.root=/etc/passwd/x", cwd=work))
     assert "logs.root" in line and "Not a directory" in line
     assert "hello" not in line
 
@@ -172,7 +156,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_read_only_logs_root_is_one_line(work: Path, read_only_dir: Path) -> None:
-    line = one_error_line(eh("script=x.py", f"logs.root={read_only_dir}/runs", cwd=work))
+    line = one_error_line(run("script=x.py", f"logs.root={read_only_dir}/runs", cwd=work))
     assert "logs.root" in line and "Read-only file system" in line
 
 
@@ -219,12 +203,12 @@ def test_a_run_dir_removed_mid_run_keeps_the_jobs_exit_code(work: Path) -> None:
     ],
 )
 def test_every_float_key_refuses_nan_and_infinity(work: Path, override: str) -> None:
-    line = one_error_line(eh("script=x.py", override, "--plan", cwd=work))
+    line = one_error_line(run("script=x.py", override, "--plan", cwd=work))
     assert f"{override.split('=', maxsplit=1)[0]}: is not a finite number" in line
 
 
 def test_a_huge_worker_count_is_refused_before_any_fork(work: Path) -> None:
-    line = one_error_line(eh("script=x.py", "nproc_per_node=100000", cwd=work))
+    line = one_error_line(run("script=x.py", "nproc_per_node=100000", cwd=work))
     assert "nproc_per_node: more than 1024 workers" in line
     assert not (work / "eh_logs").exists()
 
@@ -246,14 +230,14 @@ def test_a_billion_laughs_job_file_fails_at_once(work: Path) -> None:
     (work / "bomb.yaml").write_text("\n".join(lines) + "\n")
     assert (work / "bomb.yaml").stat().st_size < 1000
     started = time.monotonic()
-    line = one_error_line(eh("bomb.yaml", cwd=work))
+    line = one_error_line(run("bomb.yaml", cwd=work))
     assert time.monotonic() - started < 20
     assert "YAML nodes through its aliases" in line
 
 
 def test_a_job_file_that_is_not_utf8_is_one_line(work: Path) -> None:
     (work / "bad.yaml").write_bytes(BASE.encode() + b"env:\n  A: '\xff\xfe'\n")
-    line = one_error_line(eh("bad.yaml", cwd=work))
+    line = one_error_line(run("bad.yaml", cwd=work))
     assert "not UTF-8" in line and "0xff" in line
 
 
@@ -275,13 +259,13 @@ def test_role_and_prefix_refuse_escapes_attributes_and_huge_widths(
     work: Path, yaml_line: str, key: str
 ) -> None:
     (work / "job.yaml").write_text(BASE + yaml_line + "\n")
-    line = one_error_line(eh("job.yaml", "--plan", cwd=work))
+    line = one_error_line(run("job.yaml", "--plan", cwd=work))
     assert line.startswith(f"elastic-hydra: error: {key}: "), line
     assert "\x1b" not in line and "\x07" not in line
 
 
 def test_a_reasonable_prefix_and_role_still_work(work: Path) -> None:
-    proc = eh("script=x.py", "role=trainer-1.a", "logs.prefix='<{role}:{rank:>3}> '", cwd=work)
+    proc = run("script=x.py", "role=trainer-1.a", "logs.prefix='<{role}:{rank:>3}> '", cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert "<trainer-1.a:  0> hello" in proc.stdout
 
@@ -289,5 +273,5 @@ def test_a_reasonable_prefix_and_role_still_work(work: Path) -> None:
 def test_nothing_here_exits_70(work: Path) -> None:
     """The launcher's own crash code is for bugs: none of the cases above may produce it."""
     for args in (["logs.root=/proc/none/x"], ["stop_grace=nan"], ["nproc_per_node=5000"]):
-        proc = eh("script=x.py", *args, cwd=work)
+        proc = run("script=x.py", *args, cwd=work)
         assert proc.returncode == 2 and "internal error" not in proc.stderr, (args, proc.stderr)

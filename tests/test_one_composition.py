@@ -5,14 +5,13 @@ saves as plan.json. Every example job, every preset and a job with its own `hydr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ELASTIC_HYDRA, REPO, free_port
+from conftest import REPO, free_port
+from launch import run
 from servers import etcd_server
 
 TIMEOUT = 120
@@ -32,18 +31,6 @@ def etcd_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.endpoint
 
 
-def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ELASTIC_HYDRA, *args],
-        cwd=cwd,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-
-
 def comparable(plan: dict[str, Any]) -> dict[str, Any]:
     """A plan without what differs between two launches of one command: the time in the run dir,
     and the fresh run id of a job that names none."""
@@ -61,10 +48,10 @@ def assert_same_plan(
     logs = tmp / "eh_logs"
     full = [*args, f"logs.root={logs}"]
     env = env or {}
-    dry = run([*full, "--plan=json"], cwd or tmp, env)
+    dry = run(*full, "--plan=json", cwd=cwd or tmp, env=env)
     assert dry.returncode == 0, dry.stderr
     planned = json.loads(dry.stdout)
-    launch = run(full, cwd or tmp, env)
+    launch = run(*full, cwd=cwd or tmp, env=env)
     assert launch.returncode == 0, launch.stderr + launch.stdout
     (plan_json,) = logs.rglob("plan.json")
     assert comparable(json.loads(plan_json.read_text())) == comparable(planned)
@@ -117,13 +104,13 @@ def test_a_job_with_its_own_search_path(workdir: Path) -> None:
         f"script: ok.py\nhydra:\n  searchpath: ['file://{workdir}/presets']\n"
     )
     assert_same_plan(workdir, "own.yaml")
-    planned = json.loads(run(["own.yaml", "--plan=json"], workdir, {}).stdout)
+    planned = json.loads(run("own.yaml", "--plan=json", cwd=workdir).stdout)
     assert planned["restart"]["max_restarts"] == 7
 
 
 def test_plan_of_a_job_that_sweeps_is_refused_in_one_line(workdir: Path) -> None:
     (workdir / "sweep.yaml").write_text(JOB + "hydra:\n  mode: MULTIRUN\n")
-    proc = run(["sweep.yaml", "--plan"], workdir, {})
+    proc = run("sweep.yaml", "--plan", cwd=workdir)
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert "hydra.mode: MULTIRUN" in line and "hydra.mode=RUN" in line
