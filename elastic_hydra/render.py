@@ -31,9 +31,10 @@ from elastic_hydra.redact import redact_env
 
 
 def console(stderr: bool = False, soft_wrap: bool = False) -> Console:
-    # Off a terminal (CI logs, pipes) do not fold long paths and commands at 80 columns.
+    # Off a terminal (CI logs, pipes) do not fold long paths and commands at 80 columns, unless
+    # COLUMNS says how wide the reader is.
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 200
+    width = None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200
     return Console(stderr=stderr, soft_wrap=soft_wrap, highlight=False, width=width)
 
 
