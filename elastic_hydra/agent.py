@@ -141,7 +141,7 @@ class LocalWorkerFactory:
             stdout=self.run.stdout(attempt, local_rank),
             stderr=self.run.stderr(attempt, local_rank),
             tee=self.sink is not None and (ranks is None or local_rank in ranks),
-            prefix=self._prefix(rank, local_rank),
+            prefix=self._prefix(node, local_rank),
             cpus=self.plan.devices[local_rank].cpus if self.plan.devices else None,
             pass_fds=(self.store_fd,) if rank == 0 and self.store_fd is not None else (),
         )
@@ -168,8 +168,15 @@ class LocalWorkerFactory:
             env[STORE_FD_ENV] = str(self.store_fd)  # the bootstrap takes it out again
         return env
 
-    def _prefix(self, rank: int, local_rank: int) -> bytes:
-        text = self.plan.logs.prefix.format(role=self.plan.role, rank=rank, local_rank=local_rank)
+    def _prefix(self, node: NodeAssignment, local_rank: int) -> bytes:
+        text = self.plan.logs.prefix.format(
+            role=self.plan.role,
+            rank=node.base_rank + local_rank,
+            local_rank=local_rank,
+            host=HOST.split(".")[0],
+            node_rank=node.group_rank,
+        )
+        rank = node.base_rank + local_rank
         if self.colour:
             text = f"\x1b[{_COLOURS[rank % len(_COLOURS)]}m{text}\x1b[0m"
         return text.encode()

@@ -23,6 +23,25 @@ MAX_RECORDS = 1000  # read at most this many: a forged count must not stall the 
 ROLE_INFO = "torchelastic/role_info/"
 ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
 EXIT_BARRIER = "torchelastic/agent/terminal_state"
+NODE_ORDER = "elastic_hydra/node_order/"
+
+
+def ordered_rank(store: Store, rank: int, nodes: int, order: int) -> int:
+    """This node's rank when the round's nodes are ranked by `order` (Slurm's node id) rather
+    than by torch's rank (host name, then pid). Every node of the round calls it.
+
+    Raises:
+        ValueError: a node published something that is not a node id (the store is untrusted).
+    """
+    store.set(f"{NODE_ORDER}{rank}", str(order))
+    raws = store.multi_get([f"{NODE_ORDER}{i}" for i in range(nodes)])
+    orders = []
+    for i, raw in enumerate(raws):
+        text = bytes(raw).decode(errors="replace")
+        if not text.isdigit() or len(text) > 9:
+            raise ValueError(f"node {i} published {text[:40]!r} as its node order")
+        orders.append((int(text), i))
+    return sorted(orders).index((order, rank))
 
 
 def assign_ranks(

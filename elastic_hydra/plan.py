@@ -104,6 +104,7 @@ class Dynamic:
     exit_barrier_timeout: float = 300.0
     timeout: float = 900.0  # legacy etcd: the whole rendezvous
     is_host: bool | None = None
+    node_order: int | None = None  # this node's place among the nodes (Slurm's); None: torch's
 
     @property
     def departure_bound(self) -> float:
@@ -149,12 +150,16 @@ class RestartSpec:
 
 
 # --------------------------------------------------------------------------------------------- logs
+DEFAULT_PREFIX = "[{role}{local_rank}]:"  # torchrun's
+MULTINODE_PREFIX = "[{host}:{role}{local_rank}]:"  # the default on several nodes
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogSpec:
     tee: bool = True
     quiet: bool = False
     console_ranks: frozenset[int] | None = None  # local ranks that reach the console; None = all
-    prefix: str = "[{role}{local_rank}]:"
+    prefix: str = DEFAULT_PREFIX
     tail_lines: int = 20
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -157,8 +158,9 @@ class TorchRendezvous:
 
     # ------------------------------------------------------------------------------- internals
     def _create_handler(self) -> RendezvousHandler:
-        parameters, get_handler = _import_torch_rendezvous(self.spec.backend)
         spec = self.spec
+        _check_resolves(spec.endpoint.host)
+        parameters, get_handler = _import_torch_rendezvous(self.spec.backend)
         options: dict[str, Any] = {
             "join_timeout": int(spec.join_timeout),
             "last_call_timeout": int(spec.last_call_timeout),
@@ -222,8 +224,14 @@ class TorchRendezvous:
             raise RendezvousError(self._lost(exc)) from None
         try:
             master = self._master(info)  # first: a joining node's torch handler waits for it
+            group_rank = info.rank
+            if self.spec.node_order is not None and self.handler.use_agent_store:
+                # Without the agent's store the workers' rank 0 hosts theirs at torch's rank 0.
+                group_rank = job_store.ordered_rank(
+                    info.store, info.rank, info.world_size, self.spec.node_order
+                )
             node = job_store.assign_ranks(
-                self.plan.role, self.plan.nproc_per_node, info.store, info.rank, info.world_size
+                self.plan.role, self.plan.nproc_per_node, info.store, group_rank, info.world_size
             )
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
@@ -236,7 +244,7 @@ class TorchRendezvous:
         else:
             self._round += 1
         return NodeAssignment(
-            group_rank=info.rank,
+            group_rank=group_rank,
             group_world_size=info.world_size,
             master=master,
             use_agent_store=self.handler.use_agent_store,
@@ -289,6 +297,18 @@ class TorchRendezvous:
             if self.spec.backend is DynamicBackend.C10D
             else f"lost the {self.where}: {_reason(exc)}. Check that etcd is running"
         )
+
+
+def _check_resolves(host: str) -> None:
+    """A host name that does not resolve fails now, by name (torch would retry it for the whole
+    read timeout and then blame the connection)."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise RendezvousError(
+            f"the rendezvous host {host!r} does not resolve ({_reason(exc)}): fix rdzv.endpoint, "
+            "or make the name resolvable on this node (DNS or /etc/hosts)"
+        ) from None
 
 
 def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:

@@ -130,7 +130,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         role=resolve_role(conf.role),
         local_addr=conf.local_addr or None,
         restart=resolve_restart(conf.restart),
-        logs=resolve_logs(conf.logs, nproc),
+        logs=resolve_logs(conf.logs, nproc, several_nodes=topology.nnodes.max > 1),
         stop_grace=seconds("stop_grace", conf.stop_grace, allow_zero=True),
         monitor_interval=seconds("monitor_interval", conf.monitor_interval),
         env=resolve_env(conf.env),

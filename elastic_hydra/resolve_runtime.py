@@ -11,7 +11,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.plan import Action, Backoff, LogSpec, RestartSpec, RestartWindow
+from elastic_hydra.plan import (
+    DEFAULT_PREFIX,
+    MULTINODE_PREFIX,
+    Action,
+    Backoff,
+    LogSpec,
+    RestartSpec,
+    RestartWindow,
+)
 from elastic_hydra.schema import LogsConf, RestartConf
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -104,7 +112,11 @@ def _action(key: str, value: str) -> Action:
         raise ConfigError(key, "unknown action", value, "expected retry or fail") from None
 
 
-def resolve_logs(logs: LogsConf, nproc: int) -> LogSpec:
+PREFIX_FIELDS = ("role", "rank", "local_rank", "host", "node_rank")
+
+
+def resolve_logs(logs: LogsConf, nproc: int, *, several_nodes: bool) -> LogSpec:
+    """The log settings; on several nodes the default prefix also names the host."""
     ranks = None
     if logs.ranks is not None:
         bad = [r for r in logs.ranks if not 0 <= r < nproc]
@@ -116,14 +128,16 @@ def resolve_logs(logs: LogsConf, nproc: int) -> LogSpec:
                 f"expected local ranks in 0..{nproc - 1}",
             )
         ranks = frozenset(logs.ranks)
-    _prefix(logs.prefix)
+    prefix = _prefix(logs.prefix)
+    if several_nodes and prefix == DEFAULT_PREFIX:
+        prefix = MULTINODE_PREFIX
     if logs.tail_lines < 0:
         raise ConfigError("logs.tail_lines", "is negative", logs.tail_lines, "expected 0 or more")
     return LogSpec(
         tee=logs.tee and not logs.quiet,
         quiet=logs.quiet,
         console_ranks=ranks,
-        prefix=logs.prefix,
+        prefix=prefix,
         tail_lines=logs.tail_lines,
     )
 
@@ -169,8 +183,10 @@ def resolve_role(value: str) -> str:
 
 
 def _prefix(value: str) -> str:
-    """The console prefix: only {role} {rank} {local_rank}, a bounded width, no control bytes."""
-    form = "expected text with {role}, {rank} or {local_rank}, e.g. '[{role}{local_rank}]:'"
+    """The console prefix: only the fields PREFIX_FIELDS, a bounded width, no control bytes."""
+    form = "expected text with {role}, {rank}, {local_rank}, {host} or {node_rank}, e.g. " + (
+        "'[{role}{local_rank}]:'"
+    )
     if len(value) > 64 or any(not ch.isprintable() for ch in value):
         raise ConfigError("logs.prefix", "too long or holds control characters", value, form)
     try:
@@ -180,7 +196,7 @@ def _prefix(value: str) -> str:
     for _, name, spec, conversion in fields:
         if name is None:
             continue
-        if name not in ("role", "rank", "local_rank") or conversion or "{" in (spec or ""):
+        if name not in PREFIX_FIELDS or conversion or "{" in (spec or ""):
             raise ConfigError("logs.prefix", f"bad format field {{{name}}}", value, form)
         if spec and not _PREFIX_SPEC.match(spec):
             raise ConfigError(

@@ -1,13 +1,13 @@
 """Topology: how many nodes, and how they meet (the rendezvous backend and its endpoint).
 
-`rdzv=slurm` resolves straight to a c10d rendezvous at the allocation's first node, with the node
-count and the run id taken from Slurm.
+`rdzv=slurm` resolves straight to a c10d rendezvous at the step's first node, with the node count,
+the node order, the port and the run id taken from Slurm.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from elastic_hydra import slurm
 from elastic_hydra.errors import ConfigError
@@ -125,7 +125,8 @@ def _whole_seconds(key: str, value: float) -> float:
 
 
 def _slurm(r: RdzvConf, nnodes: NodeRange, environ: Mapping[str, str]) -> Topology:
-    """c10d at the allocation's first node; nnodes and the run id from Slurm."""
+    """c10d at the step's first node, on a port of the job's own; nnodes, the node ranks (Slurm's
+    node order) and the run id from Slurm. One launcher per node, inside srun."""
     try:
         job = slurm.slurm_job(environ)
     except ValueError as exc:
@@ -137,25 +138,39 @@ def _slurm(r: RdzvConf, nnodes: NodeRange, environ: Mapping[str, str]) -> Topolo
             "rdzv.backend", "needs a Slurm allocation (SLURM_JOB_ID is not set)", "slurm",
             "launch with srun, or pick rdzv=c10d with rdzv.endpoint=HOST:PORT",
         )  # fmt: skip
+    if job.step_id is None and job.nnodes > 1:
+        raise ConfigError(
+            "rdzv.backend", f"runs one launcher per node, under srun, but this is job "
+            f"{job.job_id}'s batch script or shell, outside any step", "slurm",
+            "start it with: srun --ntasks-per-node=1 elastic-hydra ...",
+        )  # fmt: skip
+    if job.tasks is not None and job.tasks != job.nnodes:
+        raise ConfigError(
+            "rdzv.backend", f"runs one launcher per node, but step {job.run_id} has "
+            f"{job.tasks} task(s) on {job.nnodes} node(s)", "slurm",
+            "start it with srun --ntasks-per-node=1 (nproc_per_node= sets the workers per node)",
+        )  # fmt: skip
     text = r.endpoint.strip()
     if text and not text.startswith(":"):
         endpoint = parse_endpoint(text, DEFAULT_PORTS["c10d"], key="rdzv.endpoint")
+        is_host = r.is_host
     else:
-        endpoint = Endpoint(host=job.nodes[0], port=_slurm_port(r.endpoint))
+        port = slurm.rdzv_port(job.job_id, job.step_id) if not text else _slurm_port(text)
+        endpoint = Endpoint(host=job.nodes[0], port=port)
+        is_host = job.node_id == 0 if r.is_host is None else r.is_host
     if nnodes == NodeRange(min=1, max=1):
         nnodes = NodeRange(min=job.nnodes, max=job.nnodes)
-    rdzv = _dynamic(r, DynamicBackend.C10D, endpoint)
-    return Topology(nnodes=nnodes, rdzv=rdzv, run_id=r.id or job.job_id)
+    rdzv = replace(
+        _dynamic(r, DynamicBackend.C10D, endpoint), is_host=is_host, node_order=job.node_id
+    )
+    return Topology(nnodes=nnodes, rdzv=rdzv, run_id=r.id or job.run_id)
 
 
-def _slurm_port(endpoint: str) -> int:
-    """`:PORT` picks the port at the first node; empty gives c10d's default."""
-    text = endpoint.strip()
-    if not text:
-        return DEFAULT_PORTS["c10d"]
+def _slurm_port(text: str) -> int:
+    """`:PORT`: the port at the step's first node."""
     if not text[1:].isdigit():
-        raise ConfigError("rdzv.endpoint", "port is not a number", endpoint, "expected :PORT")
-    return _port("rdzv.endpoint", int(text[1:]), endpoint)
+        raise ConfigError("rdzv.endpoint", "port is not a number", text, "expected :PORT")
+    return _port("rdzv.endpoint", int(text[1:]), text)
 
 
 def _static(conf: ElasticHydraConf, nnodes: NodeRange) -> Static:

@@ -89,7 +89,9 @@ class LogsConf:
     quiet: bool = key(False, "nothing on the console but the final summary")
     ranks: list[int] | None = key(None, "local ranks whose output reaches the console; null: all")
     prefix: str = key(
-        "[{role}{local_rank}]:", "console prefix of each line; fields {role} {rank} {local_rank}"
+        "[{role}{local_rank}]:",
+        "console prefix of each line; fields {role} {rank} {local_rank} {host} {node_rank}; on"
+        " several nodes the default is [{host}:{role}{local_rank}]:",
     )
     tail_lines: int = key(20, "lines of a failed worker's stderr shown in the summary")
 

@@ -1,7 +1,8 @@
 """Slurm's hostlist syntax and the job facts Slurm puts in the environment.
 
 Pure: no I/O and no process state; the caller passes the environment as a mapping.
-`expand_nodelist` gives the host names `scontrol show hostnames` prints, in the same order.
+`expand_nodelist` gives the host names `scontrol show hostnames` prints, in the same order;
+`slurm_job` reads where this process runs (a step of a job, or a job's batch script).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -82,12 +84,33 @@ def _expand_group(body: str, item: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SlurmJob:
-    """The Slurm allocation this process runs in."""
+    """Where this process runs in Slurm: inside a job step (srun), the step's nodes and tasks;
+    in the batch script or an salloc shell (no step), the whole allocation."""
 
     job_id: str
-    nodes: tuple[str, ...]  # every node of the allocation, in Slurm's order
+    step_id: int | None  # None: not inside a step
+    nodes: tuple[str, ...]  # the step's nodes (else the allocation's), in Slurm's order
     nnodes: int
-    node_id: int  # this node's index in `nodes`
+    node_id: int  # this node's index in `nodes` (SLURM_NODEID)
+    tasks: int | None  # the step's task count; None outside a step
+
+    @property
+    def run_id(self) -> str:
+        """Slurm's own name: JOBID for the allocation, JOBID.STEPID for a step."""
+        return self.job_id if self.step_id is None else f"{self.job_id}.{self.step_id}"
+
+
+# Ports of the c10d store the first node of a step hosts: concurrent jobs and steps that share a
+# first node must not meet in one store.
+PORT_BASE, PORT_SPAN, STEPS_PER_JOB = 20000, 10000, 64
+
+
+def rdzv_port(job_id: str, step_id: int | None) -> int:
+    """A port in [20000, 30000) from the job and step ids: distinct for jobs whose ids are less
+    than 156 apart and, within a job, for the batch script and the first 63 steps."""
+    number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
+    offset = 0 if step_id is None else 1 + step_id % (STEPS_PER_JOB - 1)
+    return PORT_BASE + (number * STEPS_PER_JOB + offset) % PORT_SPAN
 
 
 def slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
@@ -103,9 +126,21 @@ def slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
     if not job_id.strip():
         raise ValueError(f"{id_name}={job_id!r} is empty")
     context = f"{id_name}={job_id!r}"
-
-    list_name, nodelist = _require(environ, context, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    count_name, count = _require(environ, context, "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+    step = _lookup(environ, "SLURM_STEP_ID", "SLURM_STEPID")
+    # The batch script is a step to Slurm too (SLURM_STEP_ID may be set there), but it runs on
+    # one node only and has no SLURM_STEP_NODELIST.
+    in_step = step is not None and "SLURM_STEP_NODELIST" in environ
+    if in_step:
+        assert step is not None
+        list_name, nodelist = _require(environ, context, "SLURM_STEP_NODELIST")
+        count_name, count = _require(environ, context, "SLURM_STEP_NUM_NODES")
+        tasks_name, tasks = _require(environ, context, "SLURM_STEP_NUM_TASKS")
+        step_id: int | None = _parse_int(*step)
+        ntasks: int | None = _parse_int(tasks_name, tasks)
+    else:
+        list_name, nodelist = _require(environ, context, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        count_name, count = _require(environ, context, "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+        step_id = ntasks = None
     node_name, node = _require(environ, context, "SLURM_NODEID")
 
     nnodes = _parse_int(count_name, count)
@@ -122,7 +157,14 @@ def slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
         raise ValueError(
             f"{list_name}={nodelist!r} names {len(nodes)} nodes but {count_name}={count!r}"
         )
-    return SlurmJob(job_id=job_id.strip(), nodes=nodes, nnodes=nnodes, node_id=node_id)
+    return SlurmJob(
+        job_id=job_id.strip(),
+        step_id=step_id,
+        nodes=nodes,
+        nnodes=nnodes,
+        node_id=node_id,
+        tasks=ntasks,
+    )
 
 
 def _lookup(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:

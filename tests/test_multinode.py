@@ -212,6 +212,14 @@ def test_a_closed_rendezvous_and_an_unreachable_store_are_one_line_each(tmp_path
     assert "cannot reach the c10d rendezvous" in text and "rdzv.endpoint" in text, text
     assert "Traceback" not in text
 
+    # A host name that does not resolve is named at once, not after rdzv.read_timeout.
+    with job(tmp_path / "nxdomain", "c10d", "no-such-host.invalid:29400") as j:
+        (tmp_path / "nxdomain").mkdir()
+        j.start("nnodes=1", "nproc_per_node=1", "rdzv.read_timeout=600")
+        assert j.finish(60) == [3], j.explain()
+    (line,) = [ln for ln in j.agents[0].text().splitlines() if "does not resolve" in ln]
+    assert "'no-such-host.invalid'" in line and "rdzv.endpoint" in line, line
+
 
 def test_without_torch_a_torch_backend_is_one_line_naming_the_install(tmp_path: Path) -> None:
     shadow = tmp_path / "no-torch" / "torch"
@@ -240,21 +248,26 @@ def test_a_signal_during_the_rendezvous_stops_the_agent_at_once(tmp_path: Path) 
 # --------------------------------------------------------------------------------------- slurm
 def test_slurm_preset_fills_nodes_endpoint_and_run_id(tmp_path: Path) -> None:
     port = free_port()
-    slurm = {
+    slurm = {  # step 0 of job 77123, one task per node
         "SLURM_JOB_ID": "77123",
         "SLURM_JOB_NODELIST": "localhost,127.0.0.1",
         "SLURM_NNODES": "2",
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NODELIST": "localhost,127.0.0.1",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
     }
     with job(tmp_path, "slurm", f":{port}") as j:
-        for node_id in range(2):
+        for node_id in (1, 0):  # node 1 first: torch alone would rank it 0 (same host, lower pid)
             argv = [a for a in j.command("nproc_per_node=1", *FAST) if "rdzv.id" not in a]
             argv += [f"logs.root={tmp_path / f'agent{node_id}'}"]
             j.start(argv=argv, env=slurm | {"SLURM_NODEID": str(node_id)})
         assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
     records = j.world(2)
     check_allreduce(records, 2)
-    assert {r["run_id"] for r in records} == {"77123"}
-    assert j.agents[0].summary()["run_id"] == "77123"
+    assert {r["run_id"] for r in records} == {"77123.0"}
+    assert [(r["group_rank"], r["slurm_node_id"]) for r in records] == [(0, "0"), (1, "1")]
+    assert j.agents[0].summary()["run_id"] == "77123.0"
 
 
 # ------------------------------------------------------------------------------------- helpers

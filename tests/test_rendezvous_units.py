@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from elastic_hydra.job_store import rank_table
+from elastic_hydra.job_store import ordered_rank, rank_table
 from elastic_hydra.outcome import WorkerExit, root_cause
 from elastic_hydra.records import FailureRecord, job_root_cause
 
@@ -17,6 +17,34 @@ def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
         {"role": "default", "rank": i, "local_world_size": n} for i, n in enumerate([2, 4, 1])
     ]
     assert rank_table(infos) == [[0, 7, 0, 7], [2, 7, 2, 7], [6, 7, 6, 7]]
+
+
+class DictStore:
+    """The part of a torch Store that `ordered_rank` uses, on a dict."""
+
+    def __init__(self, data: dict[str, bytes] | None = None) -> None:
+        self.data = dict(data or {})
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode()
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.data[k] for k in keys]
+
+
+def test_slurm_node_order_ranks_the_nodes_not_torchs_order() -> None:
+    # torch ranked the nodes 0, 1, 2 by host name and pid; Slurm numbers them 2, 0, 1.
+    store = DictStore({"elastic_hydra/node_order/1": b"0", "elastic_hydra/node_order/2": b"1"})
+    assert ordered_rank(store, 0, 3, order=2) == 2
+    assert ordered_rank(store, 1, 3, order=0) == 0
+    assert ordered_rank(store, 2, 3, order=1) == 1
+
+
+@pytest.mark.parametrize("forged", [b"-1", b"1e9", b"", b"9" * 20, b"\xff"])
+def test_a_forged_node_order_is_refused(forged: bytes) -> None:
+    store = DictStore({"elastic_hydra/node_order/1": forged})
+    with pytest.raises(ValueError, match="node 1 published"):
+        ordered_rank(store, 0, 2, order=0)
 
 
 def test_role_ranks_count_within_each_role_as_torchrun_does() -> None:

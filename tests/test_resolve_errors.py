@@ -429,10 +429,14 @@ def test_presets_found() -> None:
     assert expected <= found
 
 
-SLURM_ENV = {
+SLURM_ENV = {  # inside `srun --ntasks-per-node=1` on a 5-node allocation's last 4 nodes
     "SLURM_JOB_ID": "4242",
-    "SLURM_JOB_NODELIST": "node[01-03,07]",
-    "SLURM_NNODES": "4",
+    "SLURM_JOB_NODELIST": "node[00-03,07]",
+    "SLURM_NNODES": "5",
+    "SLURM_STEP_ID": "1",
+    "SLURM_STEP_NODELIST": "node[01-03,07]",
+    "SLURM_STEP_NUM_NODES": "4",
+    "SLURM_STEP_NUM_TASKS": "4",
     "SLURM_NODEID": "2",
 }
 
@@ -555,9 +559,12 @@ def test_slurm_preset_reads_the_allocation(job_dir: Path, monkeypatch: pytest.Mo
     plan = plan_of(T, "rdzv=slurm")
     assert isinstance(plan.rdzv, Dynamic)
     assert plan.rdzv.backend.value == "c10d"
-    assert str(plan.rdzv.endpoint) == "node01:29400"  # the first of node[01-03,07]
+    # The step's first node hosts the store, on a port of job 4242 step 1's own.
+    assert str(plan.rdzv.endpoint) == f"node01:{20000 + (4242 * 64 + 2) % 10000}"
+    assert (plan.rdzv.is_host, plan.rdzv.node_order) == (False, 2)
     assert plan.nnodes == NodeRange(min=4, max=4)
-    assert plan.run_id == "4242"
+    assert plan.run_id == "4242.1"
+    assert plan.logs.prefix == "[{host}:{role}{local_rank}]:"
 
     other = plan_of(T, "rdzv=slurm", "rdzv.endpoint=:31000", "nnodes=2:4", "rdzv.id=mine")
     assert isinstance(other.rdzv, Dynamic)
@@ -572,9 +579,21 @@ def test_slurm_preset_reads_the_allocation(job_dir: Path, monkeypatch: pytest.Mo
     [
         pytest.param({}, "needs a Slurm allocation (SLURM_JOB_ID is not set)", id="outside"),
         pytest.param(
-            SLURM_ENV | {"SLURM_NNODES": "3"}, "names 4 nodes but SLURM_NNODES='3'", id="count"
+            SLURM_ENV | {"SLURM_STEP_NUM_NODES": "3"},
+            "names 4 nodes but SLURM_STEP_NUM_NODES='3'",
+            id="count",
         ),
-        pytest.param(SLURM_ENV | {"SLURM_JOB_NODELIST": "n[3-1]"}, "reversed range", id="list"),
+        pytest.param(SLURM_ENV | {"SLURM_STEP_NODELIST": "n[3-1]"}, "reversed range", id="list"),
+        pytest.param(
+            {k: v for k, v in SLURM_ENV.items() if "STEP" not in k},
+            "runs one launcher per node, under srun, but this is job 4242's batch script or shell",
+            id="not-in-srun",
+        ),
+        pytest.param(
+            SLURM_ENV | {"SLURM_STEP_NUM_TASKS": "8"},
+            "step 4242.1 has 8 task(s) on 4 node(s)",
+            id="two-per-node",
+        ),
     ],
 )
 def test_slurm_preset_errors_are_one_line(

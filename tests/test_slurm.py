@@ -7,7 +7,15 @@ import re
 
 import pytest
 
-from elastic_hydra.slurm import MAX_HOSTS, SlurmJob, expand_nodelist, slurm_job
+from elastic_hydra.slurm import (
+    MAX_HOSTS,
+    PORT_BASE,
+    PORT_SPAN,
+    SlurmJob,
+    expand_nodelist,
+    rdzv_port,
+    slurm_job,
+)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +98,15 @@ def test_no_job_id_means_not_in_slurm() -> None:
 
 def test_full_environment() -> None:
     job = slurm_job({**FULL, "HOME": "/root"})
-    assert job == SlurmJob(job_id="4242", nodes=("gpu07", "gpu08", "gpu09"), nnodes=3, node_id=1)
+    assert job == SlurmJob(
+        job_id="4242",
+        step_id=None,
+        nodes=("gpu07", "gpu08", "gpu09"),
+        nnodes=3,
+        node_id=1,
+        tasks=None,
+    )
+    assert job.run_id == "4242"
 
 
 def test_slurm_job_is_frozen() -> None:
@@ -107,7 +123,52 @@ def test_fallback_names() -> None:
         "SLURM_JOB_NUM_NODES": "2",
         "SLURM_NODEID": "0",
     }
-    assert slurm_job(env) == SlurmJob(job_id="77", nodes=("a", "b"), nnodes=2, node_id=0)
+    assert slurm_job(env) == SlurmJob(
+        job_id="77", step_id=None, nodes=("a", "b"), nnodes=2, node_id=0, tasks=None
+    )
+
+
+STEP = {  # `srun -N2 -w gpu[08-09]` inside FULL's allocation: SLURM_NODEID counts in the step
+    **FULL,
+    "SLURM_STEP_ID": "3",
+    "SLURM_STEP_NODELIST": "gpu[08-09]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_NODEID": "1",
+}
+
+
+def test_inside_a_step_the_step_is_the_job() -> None:
+    job = slurm_job(STEP)
+    assert job == SlurmJob(
+        job_id="4242", step_id=3, nodes=("gpu08", "gpu09"), nnodes=2, node_id=1, tasks=2
+    )
+    assert job.run_id == "4242.3"
+    # The batch script has a step id of its own but no step node list: the allocation counts.
+    batch = slurm_job({**FULL, "SLURM_STEP_ID": "4294967291"})
+    assert batch is not None and (batch.step_id, batch.nnodes) == (None, 3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"SLURM_STEP_NUM_NODES": "3"}, "SLURM_STEP_NODELIST='gpu[08-09]' names 2 nodes"),
+        ({"SLURM_STEP_NUM_TASKS": "two"}, "SLURM_STEP_NUM_TASKS='two' is not a non-negative"),
+        ({"SLURM_STEP_ID": "x"}, "SLURM_STEP_ID='x' is not a non-negative integer"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID='2' is not below SLURM_STEP_NUM_NODES='2'"),
+    ],
+)
+def test_malformed_step(overrides: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        slurm_job({**STEP, **overrides})
+
+
+def test_rdzv_port_separates_concurrent_jobs_and_steps() -> None:
+    ports = {rdzv_port(str(job), step) for job in range(9000, 9150) for step in (None, 0, 1, 62)}
+    assert len(ports) == 150 * 4  # neighbouring jobs, their batch scripts and steps never meet
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+    assert rdzv_port("123", 0) == rdzv_port("123", 0)  # every node of a step agrees
+    assert PORT_BASE <= rdzv_port("123_4", None) < PORT_BASE + PORT_SPAN  # not a number: hashed
 
 
 def test_primary_names_win_over_fallbacks() -> None:

@@ -52,6 +52,7 @@ def main() -> int:
         "run_id": env["TORCHELASTIC_RUN_ID"],
         "master": f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
         "pid": os.getpid(),
+        "slurm_node_id": env.get("SLURM_NODEID"),
     }
     with open(Path(env["OUT_DIR"]) / "records.jsonl", "a") as out:
         out.write(json.dumps(record) + "\n")  # one short write: lines never interleave
