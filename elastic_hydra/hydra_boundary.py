@@ -96,8 +96,9 @@ class JobRunner(Protocol):
     def prepare(self, cfg: DictConfig, ctx: JobContext) -> Any:
         """Check a plain run and make its run dir, before Hydra's job runner writes anything."""
 
-    def __call__(self, cfg: DictConfig, ctx: JobContext, prepared: Any) -> None:
-        """Run one job; `prepared` is `prepare`'s value, or None for a sweep's job."""
+    def __call__(self, cfg: DictConfig, ctx: JobContext, prepared: Any) -> Any:
+        """Run one job; `prepared` is `prepare`'s value, or None for a sweep's job. What it
+        returns reaches the submitting side in Hydra's JobReturn (see `run`)."""
 
 
 def compose(inv: Invocation) -> tuple[DictConfig, JobContext]:
@@ -116,25 +117,65 @@ def compose(inv: Invocation) -> tuple[DictConfig, JobContext]:
         GlobalHydra.instance().clear()
 
 
-def run(inv: Invocation, runner: JobRunner) -> None:
-    """Run the command: one launch, a sweep, or one of Hydra's own flags."""
+def run(inv: Invocation, runner: JobRunner) -> list[Any]:
+    """Run the command: one launch, a sweep, or one of Hydra's own flags.
+
+    Returns what a sweep's jobs returned, as Hydra's launcher brought it back: from the jobs
+    that ran elsewhere (a Slurm node, a pool process), this is the only way home.
+    """
     register()
     if not internals_supported():
         _via_hydra_main(inv, runner)
-        return
+        return []
     with _errors_raised():
         if inv.only_job_flags and not inv.multirun and _ran_once(inv, runner):
-            return
+            return []
         from hydra._internal.utils import _run_hydra, get_args_parser
 
         parser = get_args_parser()
-        _run_hydra(
-            args=parser.parse_args(inv.hydra_argv),
-            args_parser=parser,
-            task_function=_hydra_task(inv, runner),
-            config_path=CONF_PATH,
-            config_name=inv.config_name,
-        )
+        with _sweep_returns() as returns:
+            _run_hydra(
+                args=parser.parse_args(inv.hydra_argv),
+                args_parser=parser,
+                task_function=_hydra_task(inv, runner),
+                config_path=CONF_PATH,
+                config_name=inv.config_name,
+            )
+        return returns
+
+
+@contextlib.contextmanager
+def _sweep_returns() -> Iterator[list[Any]]:
+    """The return values of the jobs of a sweep run meanwhile.
+
+    Hydra's main drops what `Hydra.multirun` returns (the sweeper's JobReturns), so it is
+    caught on the way out. Jobs that failed inside Hydra (an exception, not an exit code) stop
+    the sweep before it returns anything.
+    """
+    from hydra._internal.hydra import Hydra
+    from hydra.core.utils import JobReturn, JobStatus
+
+    returns: list[Any] = []
+    multirun = Hydra.multirun
+
+    def collect(node: object) -> None:
+        if isinstance(node, JobReturn):
+            if node.status == JobStatus.COMPLETED:
+                returns.append(node.return_value)
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                collect(item)
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ret = multirun(self, *args, **kwargs)
+        collect(ret)
+        return ret
+
+    Hydra.multirun = recording  # type: ignore[method-assign]
+    try:
+        yield returns
+    finally:
+        Hydra.multirun = multirun  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------------------------- composition
@@ -239,13 +280,13 @@ def _ran_once(inv: Invocation, runner: JobRunner) -> bool:
     return True
 
 
-def _hydra_task(inv: Invocation, runner: JobRunner) -> Callable[[DictConfig], None]:
+def _hydra_task(inv: Invocation, runner: JobRunner) -> Callable[[DictConfig], Any]:
     """The task function Hydra's launchers call, once per job of a sweep."""
 
-    def elastic_hydra_job(cfg: DictConfig) -> None:
+    def elastic_hydra_job(cfg: DictConfig) -> Any:
         hc = HydraConfig.get()
         ctx = _context(hc, inv, Path(hc.runtime.output_dir))
-        runner(_with_script_args(cfg, inv), ctx, None)
+        return runner(_with_script_args(cfg, inv), ctx, None)
 
     return elastic_hydra_job
 

@@ -40,11 +40,12 @@ def run_command(inv: Invocation) -> int:
     """Run every job of the command; the exit code of the run, or of the sweep as a whole."""
     runner = JobRunner()
     stopped: int | None = None
+    returned: list[Any] = []
     try:
-        hydra_boundary.run(inv, runner)
+        returned = hydra_boundary.run(inv, runner)
     except SweepStopped as exc:
         stopped = exc.exit_code
-    results = runner.results
+    results = runner.with_returned(returned)
     if inv.multirun or any(r.swept for r in results):
         from elastic_hydra import render
 
@@ -95,9 +96,16 @@ class JobRunner:
             ) from None
         return plan, run
 
+    def with_returned(self, returned: list[Any]) -> list[JobResult]:
+        """The results of the jobs run here, then those that ran elsewhere (Hydra's launcher
+        returned them: a Slurm node's, a pool process's)."""
+        seen = {r.run_dir for r in self.results}
+        elsewhere = [r for r in returned if isinstance(r, JobResult) and r.run_dir not in seen]
+        return [*self.results, *elsewhere]
+
     def __call__(
         self, cfg: DictConfig, ctx: JobContext, prepared: tuple[LaunchPlan, RunDir] | None
-    ) -> None:
+    ) -> JobResult:
         if prepared is None:  # a sweep's job, in the dir Hydra's launcher made
             run = RunDir(ctx.run_dir)
             run.make_private()
@@ -107,22 +115,25 @@ class JobRunner:
                 # Reported here, not raised: Hydra would add its own line, and a sweep must go on.
                 print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
                 save_config(run, cfg, ctx)
-                self._record(_result(ctx, EXIT_CONFIG, exc.line()))
-                return
+                return self._record(_result(ctx, EXIT_CONFIG, exc.line()))
         else:
             plan, run = prepared
+        if plan.run_dir != str(run.root):  # one of several nodes: its own dir in the job's
+            run = RunDir(Path(plan.run_dir))
+            run.root.mkdir(mode=PRIVATE_DIR, exist_ok=True)
         save_config(run, cfg, ctx, plan)
         if (signum := stopsignals.pending_signal()) is not None:  # stopped before anything ran
-            self._record(_result(ctx, 128 + signum, "stopped before the launch"))
+            self._record(_result(ctx, 128 + signum, "stopped before the launch", run=run))
             raise SweepStopped(128 + signum)
         from elastic_hydra import agent
 
         code, summary = agent.run(plan)
-        self._record(_result(ctx, code, summary.message, summary))
+        result = self._record(_result(ctx, code, summary.message, summary, run=run))
         if code > 128 and ctx.swept:
             raise SweepStopped(code)
+        return result
 
-    def _record(self, result: JobResult) -> None:
+    def _record(self, result: JobResult) -> JobResult:
         self.results.append(result)
         try:
             write_private(
@@ -131,15 +142,21 @@ class JobRunner:
             )
         except OSError as exc:  # the run dir was removed or the disk is full: the code counts
             warn(f"cannot write result.json ({exc.strerror}: {exc.filename})")
+        return result
 
 
 def _result(
-    ctx: JobContext, code: int, message: str, summary: RunSummary | None = None
+    ctx: JobContext,
+    code: int,
+    message: str,
+    summary: RunSummary | None = None,
+    *,
+    run: RunDir | None = None,
 ) -> JobResult:
     return JobResult(
         overrides=tuple(ctx.overrides),
         exit_code=code,
-        run_dir=str(ctx.run_dir),
+        run_dir=str(run.root if run else ctx.run_dir),
         message=message,
         summary=summary,
         swept=ctx.swept,

@@ -8,8 +8,10 @@ It works on any torch `Store`, passed in: it imports no torch itself.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -23,25 +25,63 @@ MAX_RECORDS = 1000  # read at most this many: a forged count must not stall the 
 ROLE_INFO = "torchelastic/role_info/"
 ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
 EXIT_BARRIER = "torchelastic/agent/terminal_state"
-NODE_ORDER = "elastic_hydra/node_order/"
+NODE_FACTS = "elastic_hydra/node/"  # per round: each node's config hash and Slurm node id
+_HASH = re.compile(r"[0-9a-f]{1,64}")
 
 
-def ordered_rank(store: Store, rank: int, nodes: int, order: int) -> int:
-    """This node's rank when the round's nodes are ranked by `order` (Slurm's node id) rather
-    than by torch's rank (host name, then pid). Every node of the round calls it.
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What a node tells the others of a round before ranks are assigned."""
 
-    Raises:
-        ValueError: a node published something that is not a node id (the store is untrusted).
-    """
-    store.set(f"{NODE_ORDER}{rank}", str(order))
-    raws = store.multi_get([f"{NODE_ORDER}{i}" for i in range(nodes)])
-    orders = []
-    for i, raw in enumerate(raws):
-        text = bytes(raw).decode(errors="replace")
-        if not text.isdigit() or len(text) > 9:
-            raise ValueError(f"node {i} published {text[:40]!r} as its node order")
-        orders.append((int(text), i))
-    return sorted(orders).index((order, rank))
+    config: str  # `LaunchPlan.config_hash`
+    order: int | None  # Slurm's node id; None: rank by torch's order
+
+    def to_json(self) -> str:
+        return json.dumps({"config": self.config, "order": self.order})
+
+    @classmethod
+    def from_json(cls, raw: bytes, node: int) -> NodeFacts:
+        """Raises ValueError naming the node: the store is untrusted."""
+        try:
+            data = json.loads(bytes(raw)[:512])
+            config, order = data["config"], data["order"]
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(f"node {node} published unreadable facts") from None
+        if not isinstance(config, str) or not _HASH.fullmatch(config):
+            raise ValueError(f"node {node} published {str(config)[:40]!r} as its config hash")
+        if order is not None and (type(order) is not int or not 0 <= order < 10**9):
+            raise ValueError(f"node {node} published {str(order)[:40]!r} as its node order")
+        return cls(config, order)
+
+
+def publish_facts(store: Store, rank: int, facts: NodeFacts) -> None:
+    store.set(f"{NODE_FACTS}{rank}", facts.to_json())
+
+
+def read_facts(store: Store, nodes: int, *, wait: bool) -> dict[int, NodeFacts]:
+    """The facts the round's nodes published, by torch rank. `wait`: block until every node
+    has; else only those there now (a torchrun agent in the job publishes none)."""
+    keys = [f"{NODE_FACTS}{i}" for i in range(nodes)]
+    present = range(nodes) if wait else [i for i in range(nodes) if store.check([keys[i]])]
+    raws = store.multi_get([keys[i] for i in present]) if present else []
+    return {i: NodeFacts.from_json(raw, i) for i, raw in zip(present, raws, strict=True)}
+
+
+def ordered_rank(facts: Mapping[int, NodeFacts], rank: int) -> int:
+    """This node's rank when the round's nodes are ranked by their Slurm node id rather than
+    by torch's rank (host name, then pid); ties keep torch's order."""
+
+    def place(node: int) -> tuple[int, int]:
+        order = facts[node].order
+        return (-1 if order is None else order, node)
+
+    return sorted(facts, key=place).index(rank)
+
+
+def config_mismatch(facts: Mapping[int, NodeFacts], rank: int) -> int | None:
+    """The first node whose config differs from this node's, or None."""
+    mine = facts[rank].config
+    return next((i for i, f in sorted(facts.items()) if f.config != mine), None)
 
 
 def assign_ranks(

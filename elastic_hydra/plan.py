@@ -190,7 +190,8 @@ class LaunchPlan:
     monitor_interval: float = 0.1
     env: tuple[tuple[str, str], ...] = ()
     devices: tuple[WorkerDevices, ...] = ()  # by local rank; () leaves devices alone
-    run_dir: str = ""
+    run_dir: str = ""  # on several nodes, this node's directory inside the job's
+    config_hash: str = ""  # of the job's resolved config: every node must have the same
 
     @property
     def argv(self) -> tuple[str, ...]:

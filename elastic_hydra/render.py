@@ -160,12 +160,13 @@ def print_failure(summary: RunSummary) -> None:
 
 
 def _print(out: Console, *renderables: RenderableType) -> None:
-    """Print; off a terminal without the padding rich adds to the ends of lines (CI logs, diffs)."""
+    """Print; off a terminal (CI logs, diffs, grep) lines of text stay whole, without the padding
+    rich adds to the ends of lines."""
     if out.is_terminal:
         out.print(*renderables)
         return
     with out.capture() as captured:
-        out.print(*renderables)
+        out.print(*renderables, soft_wrap=True)
     text = "\n".join(line.rstrip() for line in captured.get().splitlines())
     out.file.write(text + "\n")
     out.file.flush()

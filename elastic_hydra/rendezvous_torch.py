@@ -224,17 +224,22 @@ class TorchRendezvous:
             raise RendezvousError(self._lost(exc)) from None
         try:
             master = self._master(info)  # first: a joining node's torch handler waits for it
-            group_rank = info.rank
-            if self.spec.node_order is not None and self.handler.use_agent_store:
-                # Without the agent's store the workers' rank 0 hosts theirs at torch's rank 0.
-                group_rank = job_store.ordered_rank(
-                    info.store, info.rank, info.world_size, self.spec.node_order
-                )
+            group_rank = self._group_rank(info)
             node = job_store.assign_ranks(
                 self.plan.role, self.plan.nproc_per_node, info.store, group_rank, info.world_size
             )
+            # Every elastic-hydra node published its facts before its part of assign_ranks.
+            facts = job_store.read_facts(info.store, info.world_size, wait=False)
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
+        other = job_store.config_mismatch(facts, info.rank)
+        if other is not None:
+            raise RendezvousError(
+                f"node {other} of the {self.where} resolved a different config than this node "
+                f"(hash {facts[other].config} vs {self.plan.config_hash}): start every node with "
+                "the same job file and overrides, and take per-launch values such as ${now:} "
+                "from hydra.run.dir, not from the job's keys"
+            )
         self.store = info.store
         self.job_store = getattr(info.store, "underlying_store", info.store)
         state = _dynamic_state(self.handler)
@@ -250,6 +255,19 @@ class TorchRendezvous:
             use_agent_store=self.handler.use_agent_store,
             **node,
         )
+
+    def _group_rank(self, info: Any) -> int:
+        """This node's rank: in Slurm's node order when the plan has one (every node is an
+        elastic-hydra agent then), else torch's. Without the agent's store, the workers' rank 0
+        hosts their store where torch's rank 0 is, so torch's order stays."""
+        order = self.spec.node_order
+        job_store.publish_facts(
+            info.store, info.rank, job_store.NodeFacts(self.plan.config_hash, order)
+        )
+        if order is None or not self.handler.use_agent_store:
+            return int(info.rank)
+        facts = job_store.read_facts(info.store, info.world_size, wait=True)
+        return job_store.ordered_rank(facts, info.rank)
 
     def _master(self, info: Any) -> Endpoint:
         """MASTER_ADDR/PORT of this round, the same on every node, on a store fresh to the round.

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import math
 import os
+import re
+import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +43,7 @@ from elastic_hydra.resolve_runtime import (
 from elastic_hydra.resolve_topology import resolve_topology
 from elastic_hydra.schema import ElasticHydraConf
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_NPROC = 1024  # workers per node; torchrun has no bound and forks until PIDs run out
 
 
@@ -49,6 +54,7 @@ class Host(HostFacts):
 
     machine: Machine
     process_room: Callable[[], int | None] = devices.process_room
+    hostname: str = dataclasses.field(default_factory=socket.gethostname)
 
     @classmethod
     def current(cls) -> Host:
@@ -82,7 +88,32 @@ def resolve_config(cfg: DictConfig, *, run_dir: str = "", host: Host | None = No
     except OmegaConfBaseException as exc:
         raise from_omegaconf(exc) from None
     assert isinstance(conf, ElasticHydraConf)
-    return resolve(conf, run_dir=run_dir, host=host or Host.current())
+    plan = resolve(conf, run_dir=run_dir, host=host or Host.current())
+    return dataclasses.replace(plan, config_hash=config_hash(cfg))
+
+
+# What every node's workers must agree on. Node-local keys (logs, devices, nproc_per_node,
+# local_addr...) may differ between nodes, as they may under torchrun.
+JOB_KEYS = ("script", "module", "cmd", "args", "hp")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """A digest of the job's program and arguments, resolved: a `${now:}` in them, evaluated
+    once per node, makes the nodes disagree."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    data = {k: resolved.get(k) for k in JOB_KEYS}
+    text = json.dumps(data, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def node_dir(run_dir: str, host: Host) -> str:
+    """A node's own directory inside a multi-node job's run dir (shared filesystems, and sweeps
+    where every node gets the same job dir): Slurm's node name, else the short host name."""
+    name = host.environ.get("SLURMD_NODENAME") or host.hostname.split(".")[0]
+    if not _NODE_NAME.fullmatch(name) or name in (".", ".."):
+        name = "node"
+    return os.path.join(run_dir, name) if run_dir else run_dir
 
 
 def _check_known_keys(cfg: DictConfig) -> None:
@@ -135,7 +166,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         monitor_interval=seconds("monitor_interval", conf.monitor_interval),
         env=resolve_env(conf.env),
         devices=workers,
-        run_dir=run_dir,
+        run_dir=node_dir(run_dir, host) if topology.nnodes.max > 1 else run_dir,
     )
 
 

@@ -221,6 +221,20 @@ def test_a_closed_rendezvous_and_an_unreachable_store_are_one_line_each(tmp_path
     assert "'no-such-host.invalid'" in line and "rdzv.endpoint" in line, line
 
 
+def test_nodes_that_resolved_different_jobs_refuse_to_start(tmp_path: Path) -> None:
+    # The nodes of a job agree on its program and arguments: a ${now:} in args, or overrides
+    # that differ between nodes, would give the ranks different jobs.
+    port = free_port()
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        for lr in ("0.1", "0.2"):
+            j.start("nnodes=2", "nproc_per_node=1", f"+hp.lr={lr}", *FAST)
+        assert j.finish(AGENT_DEADLINE) == [3, 3], j.explain()
+    for agent in j.agents:
+        (line,) = [ln for ln in agent.text().splitlines() if "resolved a different config" in ln]
+        assert "same job file and overrides" in line, line
+    assert not j.records()  # no worker ever started
+
+
 def test_without_torch_a_torch_backend_is_one_line_naming_the_install(tmp_path: Path) -> None:
     shadow = tmp_path / "no-torch" / "torch"
     shadow.mkdir(parents=True)

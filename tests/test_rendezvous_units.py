@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from elastic_hydra.job_store import ordered_rank, rank_table
+from elastic_hydra.job_store import (
+    NODE_FACTS,
+    NodeFacts,
+    config_mismatch,
+    ordered_rank,
+    publish_facts,
+    rank_table,
+    read_facts,
+)
 from elastic_hydra.outcome import WorkerExit, root_cause
 from elastic_hydra.records import FailureRecord, job_root_cause
 
@@ -20,13 +29,16 @@ def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
 
 
 class DictStore:
-    """The part of a torch Store that `ordered_rank` uses, on a dict."""
+    """The part of a torch Store that the node facts use, on a dict."""
 
-    def __init__(self, data: dict[str, bytes] | None = None) -> None:
-        self.data = dict(data or {})
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
 
-    def set(self, key: str, value: str) -> None:
-        self.data[key] = value.encode()
+    def set(self, key: str, value: str | bytes) -> None:
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return [self.data[k] for k in keys]
@@ -34,17 +46,42 @@ class DictStore:
 
 def test_slurm_node_order_ranks_the_nodes_not_torchs_order() -> None:
     # torch ranked the nodes 0, 1, 2 by host name and pid; Slurm numbers them 2, 0, 1.
-    store = DictStore({"elastic_hydra/node_order/1": b"0", "elastic_hydra/node_order/2": b"1"})
-    assert ordered_rank(store, 0, 3, order=2) == 2
-    assert ordered_rank(store, 1, 3, order=0) == 0
-    assert ordered_rank(store, 2, 3, order=1) == 1
+    store = DictStore()
+    for rank, order in enumerate([2, 0, 1]):
+        publish_facts(store, rank, NodeFacts("ab12", order))
+    facts = read_facts(store, 3, wait=True)
+    assert [ordered_rank(facts, rank) for rank in range(3)] == [2, 0, 1]
+    assert config_mismatch(facts, 0) is None
 
 
-@pytest.mark.parametrize("forged", [b"-1", b"1e9", b"", b"9" * 20, b"\xff"])
-def test_a_forged_node_order_is_refused(forged: bytes) -> None:
-    store = DictStore({"elastic_hydra/node_order/1": forged})
-    with pytest.raises(ValueError, match="node 1 published"):
-        ordered_rank(store, 0, 2, order=0)
+def test_nodes_that_resolved_different_configs_are_found_and_torchrun_agents_are_skipped() -> None:
+    store = DictStore()
+    publish_facts(store, 0, NodeFacts("aaaa", None))
+    publish_facts(store, 2, NodeFacts("bbbb", None))  # node 1 is a torchrun agent: no facts
+    facts = read_facts(store, 3, wait=False)
+    assert sorted(facts) == [0, 2]
+    assert (config_mismatch(facts, 0), config_mismatch(facts, 2)) == (2, 0)
+    assert [ordered_rank(facts, r) for r in (0, 2)] == [0, 1]  # no node order: torch's
+
+
+@pytest.mark.parametrize(
+    ("forged", "message"),
+    [
+        (b"not json", "node 1 published unreadable facts"),
+        (b'{"config": "ab"}', "node 1 published unreadable facts"),
+        (b'{"config": "../x", "order": 0}', "node 1 published '../x' as its config hash"),
+        (b'{"config": "ab", "order": -1}', "node 1 published '-1' as its node order"),
+        (b'{"config": "ab", "order": true}', "node 1 published 'True' as its node order"),
+        (b'{"config": "ab", "order": 1e99}', "as its node order"),
+        (b"\xff" * 10_000, "node 1 published unreadable facts"),
+    ],
+)
+def test_forged_node_facts_are_refused(forged: bytes, message: str) -> None:
+    store = DictStore()
+    publish_facts(store, 0, NodeFacts("ab", 0))
+    store.set(f"{NODE_FACTS}1", forged)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_facts(store, 2, wait=True)
 
 
 def test_role_ranks_count_within_each_role_as_torchrun_does() -> None:
