@@ -29,7 +29,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    session.install("-e", ".[test]", TORCH, "python-etcd", ETCD)
+    session.install("-e", ".[test,slurm]", TORCH, "python-etcd", ETCD)
     # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
     session.run("pytest", *session.posargs)
 

@@ -753,3 +753,19 @@ def test_multirun_reports_each_launch(tmp_path: Path) -> None:
     (failed_row,) = [r for r in rows if "env.CODE=3" in r]
     assert " ok " in ok_row and "failed" not in ok_row, table
     assert " failed " in failed_row, table
+
+
+def test_a_sweep_run_by_another_process_reports_each_jobs_true_outcome(tmp_path: Path) -> None:
+    # submitit's local launcher runs each job in a process of its own, as its Slurm launcher runs
+    # them on the nodes: the outcome comes home only in Hydra's JobReturn.
+    proc = run_raw(
+        "-m", "hydra/launcher=submitit_local", f"script={EXIT_CODE}", "env.CODE=0,3",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr.decode(errors="replace")
+    table = proc.stdout.decode()
+    rows = [line for line in table.splitlines() if "env.CODE=" in line]
+    assert len(rows) == 2, table
+    (ok_row,) = [r for r in rows if "env.CODE=0" in r]
+    (failed_row,) = [r for r in rows if "env.CODE=3" in r]
+    assert " ok " in ok_row and " failed " in failed_row, table
