@@ -20,6 +20,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,7 +32,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from elastic_hydra import schema
+from elastic_hydra import schema, slurm
 from elastic_hydra.argv import HydraFlags, Invocation, escape_interpolation
 from elastic_hydra.schema import CONF_MODULE
 
@@ -58,7 +59,17 @@ def register() -> None:
     """The schema and our resolvers; idempotent, called before any composition."""
     schema.register()
     OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("eh.launch", _launch_name, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eh.keys", schema.keys_text, replace=True)  # for --help
+
+
+def _launch_name() -> str:
+    """A plain run's directory under logs.root: `DATE/TIME_HOST`, unique per launch; inside a
+    Slurm step `slurm/JOBID.STEPID`, the same on every node (each writes in its own subdir)."""
+    step = slurm.step_dir_name(os.environ)
+    if step is not None:
+        return f"slurm/{step}"
+    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f") + f"_{socket.gethostname()}"
 
 
 def hydra_flags() -> HydraFlags:

@@ -188,3 +188,19 @@ def _parse_int(name: str, value: str) -> int:
     if not _DIGITS.fullmatch(value.strip()):
         raise ValueError(f"{name}={value!r} is not a non-negative integer")
     return int(value)
+
+
+def step_dir_name(environ: Mapping[str, str]) -> str | None:
+    """The run directory name every node of a Slurm step agrees on, `slurm-JOBID.STEPID`, or None
+    outside a step (or where the variables are malformed: resolution reports that). Two launchers
+    of one step on one node are told apart by their task id."""
+    try:
+        job = slurm_job(environ)
+    except ValueError:
+        return None
+    if job is None or job.step_id is None:
+        return None
+    name = f"slurm-{job.run_id}"
+    if job.tasks is not None and job.tasks > job.nnodes:
+        name += f"-task{environ.get('SLURM_PROCID', '0')}"
+    return name if re.fullmatch(r"[A-Za-z0-9._-]{1,100}", name) else None

@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "cli": FRONT | {"argv", "config_errors", "hydra_boundary", "job", "jobfile", "records",
                     "render", "rundir", "stopsignals"},
     "argv": {"errors", "schema"},
-    "hydra_boundary": {"argv", "schema"},
+    "hydra_boundary": {"argv", "schema", "slurm"},  # slurm: the run dir of a Slurm step
     "config_errors": {"errors", "jobfile", "schema"},
     "jobfile": {"errors"},
     "schema": set(),

@@ -7,6 +7,7 @@ holding a real `train.py`, exactly as a user's shell would.
 from __future__ import annotations
 
 import dataclasses
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -565,6 +566,10 @@ def test_slurm_preset_reads_the_allocation(job_dir: Path, monkeypatch: pytest.Mo
     assert plan.nnodes == NodeRange(min=4, max=4)
     assert plan.run_id == "4242.1"
     assert plan.logs.prefix == "[{host}:{role}{local_rank}]:"
+    # Every node of the step writes in one job dir, each in its own subdir.
+    assert Path(plan.run_dir).relative_to(job_dir) == Path(
+        "eh_logs", "slurm", "slurm-4242.1", socket.gethostname().split(".")[0]
+    )
 
     other = plan_of(T, "rdzv=slurm", "rdzv.endpoint=:31000", "nnodes=2:4", "rdzv.id=mine")
     assert isinstance(other.rdzv, Dynamic)

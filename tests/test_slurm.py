@@ -15,6 +15,7 @@ from elastic_hydra.slurm import (
     expand_nodelist,
     rdzv_port,
     slurm_job,
+    step_dir_name,
 )
 
 
@@ -169,6 +170,16 @@ def test_rdzv_port_separates_concurrent_jobs_and_steps() -> None:
     assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
     assert rdzv_port("123", 0) == rdzv_port("123", 0)  # every node of a step agrees
     assert PORT_BASE <= rdzv_port("123_4", None) < PORT_BASE + PORT_SPAN  # not a number: hashed
+
+
+def test_a_steps_nodes_agree_on_its_run_dir_name() -> None:
+    assert step_dir_name(STEP) == step_dir_name({**STEP, "SLURM_NODEID": "0"}) == "slurm-4242.3"
+    assert step_dir_name(FULL) is None  # the batch script: each launch its own dir, as usual
+    assert step_dir_name({}) is None
+    assert step_dir_name({**STEP, "SLURM_STEP_NUM_NODES": "x"}) is None  # resolution says why
+    # Two launchers of one step on one node (refused by rdzv=slurm, fine for standalone).
+    two = {**STEP, "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3"}
+    assert step_dir_name(two) == "slurm-4242.3-task3"
 
 
 def test_primary_names_win_over_fallbacks() -> None:
