@@ -28,6 +28,9 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]", TORCH, "python-etcd")
+    # The Slurm test cluster (tests/slurm_cluster.py) runs Debian's Slurm and munge: installed
+    # here when missing (as root), as the etcd server is for CI.
+    session.run("bash", "tests/services/install_slurm.sh", external=True)
     # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
     session.run("pytest", *session.posargs)
 
