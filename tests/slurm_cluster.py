@@ -279,9 +279,9 @@ def _munge_works(binaries: Mapping[str, str]) -> bool:
 
 
 @contextlib.contextmanager
-def _munged(binaries: Mapping[str, str]) -> Iterator[None]:
+def _munged(binaries: Mapping[str, str], err_path: Path) -> Iterator[None]:
     """A working munged on the default socket: one already running, or one started (and stopped)
-    here as the munge user, laid out as Debian's service lays it out."""
+    here as the munge user, laid out as Debian's service lays it out (its stderr to `err_path`)."""
     if _munge_works(binaries):
         yield
         return
@@ -303,24 +303,24 @@ def _munged(binaries: Mapping[str, str]) -> Iterator[None]:
             check=True,
         )
     log_path = Path("/var/log/munge/munged.log")
-    proc = subprocess.Popen(
-        [binaries["munged"], "--foreground"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        user=user.pw_uid,
-        group=user.pw_gid,
-        extra_groups=[],
-        start_new_session=True,
-    )
+    with err_path.open("ab") as err:
+        proc = subprocess.Popen(
+            [binaries["munged"], "--foreground"],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            user=user.pw_uid,
+            group=user.pw_gid,
+            extra_groups=[],
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while not _munge_works(binaries):
             code = proc.poll()
             if code is not None:
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
                 raise RuntimeError(
-                    f"munged exited with status {code}: {err.strip()}; "
+                    f"munged exited with status {code}: {_log_tail(err_path).strip()}; "
                     f"log {log_path} ends with:\n{_log_tail(log_path)}"
                 )
             if time.monotonic() > deadline:
@@ -332,8 +332,6 @@ def _munged(binaries: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         _stop(proc)
-        if proc.stderr:
-            proc.stderr.close()
         if created_run_dir:
             with contextlib.suppress(OSError):
                 MUNGE_RUN_DIR.rmdir()
@@ -507,7 +505,7 @@ def slurm_cluster(workdir: Path) -> Iterator[SlurmCluster]:
     namespaces: set[str] = set()
     with contextlib.ExitStack() as stack:
         stack.enter_context(_hosts_entries())
-        stack.enter_context(_munged(binaries))
+        stack.enter_context(_munged(binaries, log_dir / "munged.out"))
 
         def stop_all() -> None:
             for proc, _ in daemons.values():
