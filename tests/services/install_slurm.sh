@@ -14,7 +14,7 @@ if [ "${#missing[@]}" -eq 0 ]; then
 fi
 
 packages=(slurmctld slurmd slurm-client munge)
-if [ "$(id -u)" -ne 0 ]; then
+if [ "${EUID}" -ne 0 ]; then
     echo "missing ${missing[*]}: as root, run apt-get install -y --no-install-recommends ${packages[*]}" >&2
     exit 1
 fi
