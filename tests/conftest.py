@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import psutil
 import pytest
+from slurm_cluster import SlurmCluster, slurm_cluster
 
 T = TypeVar("T")
 
@@ -82,3 +83,10 @@ def no_leftover_processes() -> Iterator[None]:
     for p in left:
         p.kill()
     pytest.fail(f"test left live processes behind: {names}")
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real two-node Slurm cluster (nodes n1, n2) for the whole session, stopped at its end."""
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
