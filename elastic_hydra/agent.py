@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -11,7 +12,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -26,7 +27,7 @@ from elastic_hydra.executor import Executor
 from elastic_hydra.logpump import ConsoleSink
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.plan import Dynamic, LaunchPlan
-from elastic_hydra.records import FailureRecord, RunSummary
+from elastic_hydra.records import FailureRecord, RunSummary, job_root_cause
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous import LocalRendezvous
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_private
@@ -221,6 +222,25 @@ def save_summary(run: RunDir, summary: RunSummary) -> None:
             sys.stderr.flush()
 
 
+def _failed_elsewhere(
+    outcome: RunOutcome, job_failures: Sequence[FailureRecord], last_round: int | None
+) -> RunOutcome:
+    """A node whose workers succeeded, in a round where another node's failed, ran a job that
+    failed: it says so (exit 1), so that every node, and whoever reads node 0's result (a sweep
+    on Slurm), tells the job's outcome rather than its own share of it."""
+    if outcome.status is not Status.SUCCEEDED or last_round is None:
+        return outcome
+    cause = job_root_cause([r for r in job_failures if r.rdzv_round == last_round])
+    if cause is None:
+        return outcome
+    where = cause.node or cause.host
+    return dataclasses.replace(
+        outcome,
+        status=Status.FAILED,
+        reason=f"this node's workers succeeded, but rank {cause.rank} on {where} failed",
+    )
+
+
 def _job_failures(ended: JobFailures) -> list[FailureRecord]:
     """The other nodes' records, typed; a record that does not read as one is ignored, and so
     said, like one that failed the store's checks."""
@@ -306,7 +326,9 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
                 observer=events,
                 stop=flag,
             ).run()
-            job_failures = _job_failures(rdzv.end(outcome.status, events))
+            ended = rdzv.end(outcome.status, events)
+            job_failures = _job_failures(ended)
+            outcome = _failed_elsewhere(outcome, job_failures, ended.last_round)
     except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
         error = RunSummary(status="config_error", exit_code=exc.exit_code, message=exc.line())
         save_summary(run_dir, error)

@@ -110,7 +110,9 @@ class TorchRendezvous:
         if status is not Status.STOPPED:  # a node stopped by a signal leaves the job running
             self.shutdown()
         checked = self.job_failures()
-        return JobFailures(records=tuple(checked.records), ignored=checked.ignored)
+        return JobFailures(
+            records=tuple(checked.records), ignored=checked.ignored, last_round=self._round
+        )
 
     def close(self) -> None:
         pass  # `end` decides: barrier, close the job, or leave it running

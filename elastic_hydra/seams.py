@@ -62,6 +62,7 @@ class JobFailures:
 
     records: tuple[dict[str, Any], ...] = ()
     ignored: int = 0
+    last_round: int | None = None  # the round this node ended in; None: no rounds (one node)
 
 
 class StopRequest(Protocol):

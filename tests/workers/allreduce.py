@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +35,8 @@ def main() -> int:
         "sum": total,
         "expected": expected,
         "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        "host": socket.gethostname(),
+        "slurm_node_id": os.environ.get("SLURM_NODEID"),
     }
     out = Path(os.environ["OUT_DIR"]) / f"{rank}.json"
     tmp = out.with_name(f".{out.name}.tmp")
