@@ -37,7 +37,7 @@ class RdzvConf:
     backend: str = key(
         "standalone",
         "standalone (one node, nothing external), static (fixed node ranks), c10d, etcd-v2, "
-        "etcd (torch's rendezvous handlers) or slurm (c10d at the allocation's first node)",
+        "etcd (torch's rendezvous handlers) or slurm (c10d at the Slurm step's first node)",
     )
     endpoint: str = key("", "host[:port] of the c10d store or etcd server (ports 29400, 2379)")
     id: str | None = key(

@@ -69,5 +69,5 @@ def test_the_plans_own_defaults_are_the_schemas(
         for f in dataclasses.fields(LaunchPlan)
         if f.default is dataclasses.MISSING
     }
-    per_launch = {"run_dir": resolved.run_dir, "config_hash": resolved.config_hash}
-    assert LaunchPlan(**required, **per_launch) == resolved
+    per_launch = LaunchPlan(**required, run_dir=resolved.run_dir, config_hash=resolved.config_hash)
+    assert per_launch == resolved

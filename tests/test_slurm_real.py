@@ -251,8 +251,8 @@ def test_two_jobs_that_share_a_first_node_never_meet(slurm: SlurmCluster, cwd: P
             )
         )
     try:
-        for job in ("a", "b"):
-            wait_for(lambda job=job: len(records(cwd / job)) == 2, STEP_TIMEOUT, f"job {job}")
+        both = lambda: all(len(records(cwd / job)) == 2 for job in ("a", "b"))  # noqa: E731
+        wait_for(both, STEP_TIMEOUT, "both jobs' workers to run at once")
         go.touch()
         outputs = [step.communicate(timeout=STEP_TIMEOUT) for step in steps]
     finally:
