@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import time
 import uuid
@@ -30,6 +31,7 @@ from elastic_hydra.env import RUN_DIR as RUN_DIR_ENV
 
 _PR_SET_CHILD_SUBREAPER = 36
 _KILL_WAIT = 5.0
+_STALE = re.compile(r"elastic-hydra-([0-9]+)-[0-9a-f]{8}")
 CGROUP_ENV = "ELASTIC_HYDRA_CGROUP"  # "off": use the environment tag even where a cgroup works
 
 
@@ -99,7 +101,9 @@ def _make_cgroup() -> Path | None:
     mount, path = _cgroup2_mount(), _own_cgroup()
     if mount is None or path is None:
         return None
-    group = mount / path.lstrip("/") / f"elastic-hydra-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    parent = mount / path.lstrip("/")
+    _remove_stale(parent)
+    group = parent / f"elastic-hydra-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         group.mkdir()
     except OSError:
@@ -109,6 +113,18 @@ def _make_cgroup() -> Path | None:
             group.rmdir()
         return None
     return group
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove the empty cgroups of launches whose agent is gone: an agent killed with its guard
+    (SIGKILL to a whole Slurm step, say) cannot remove its own. A cgroup with a process in it is
+    never removed (rmdir refuses), nor one whose agent pid is alive."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            found = _STALE.fullmatch(entry.name)
+            if found and not os.path.exists(f"/proc/{found.group(1)}"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(entry.path)
 
 
 def _cgroup2_mount() -> Path | None:

@@ -60,7 +60,7 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
-def _log_tail(log_path: Path, start: int = 0) -> str:
+def log_tail(log_path: Path, start: int = 0) -> str:
     """The end of `log_path`, reading only what follows byte offset `start`."""
     try:
         with log_path.open("rb") as log:
@@ -81,15 +81,15 @@ def _healthy(client_url: str) -> bool:
     return isinstance(body, dict) and body.get("health") == "true"
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group, SIGKILL it after a grace period, and reap it."""
+def stop_group(proc: subprocess.Popen[bytes], timeout: float = ETCD_STOP_TIMEOUT) -> None:
+    """SIGTERM a server's process group, SIGKILL it after `timeout`, and reap it."""
     # Signal the group only while the leader is unreaped, so its id cannot belong to another.
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=ETCD_STOP_TIMEOUT)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -136,7 +136,7 @@ def _start_etcd(
         while not _healthy(client_url):
             code = proc.poll()
             if code is not None:
-                tail = _log_tail(log_path, log_start)
+                tail = log_tail(log_path, log_start)
                 if "address already in use" in tail:
                     return proc, client_port, f"a port was taken (exit status {code})"
                 raise RuntimeError(
@@ -146,11 +146,11 @@ def _start_etcd(
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"etcd did not serve on {client_url} within {ETCD_START_TIMEOUT} s; "
-                    f"log {log_path} ends with:\n{_log_tail(log_path, log_start)}"
+                    f"log {log_path} ends with:\n{log_tail(log_path, log_start)}"
                 )
             time.sleep(_POLL_INTERVAL)
     except BaseException:
-        _stop(proc)
+        stop_group(proc)
         raise
     return proc, client_port, None
 
@@ -170,14 +170,14 @@ def etcd_server(data_dir: Path) -> Iterator[EtcdServer]:
         proc, client_port, retry_reason = _start_etcd(binary, data_dir, log_path)
         if retry_reason is None:
             break
-        _stop(proc)
+        stop_group(proc)
         reasons.append(retry_reason)
     else:
         raise RuntimeError(
             f"etcd could not bind its ports in {_START_ATTEMPTS} attempts ({'; '.join(reasons)}); "
-            f"log {log_path} ends with:\n{_log_tail(log_path)}"
+            f"log {log_path} ends with:\n{log_tail(log_path)}"
         )
     try:
         yield EtcdServer(endpoint=f"127.0.0.1:{client_port}", client_port=client_port, pid=proc.pid)
     finally:
-        _stop(proc)
+        stop_group(proc)

@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servers import free_ports
+from servers import free_ports, log_tail, stop_group
 
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 JOBS_END_TIMEOUT = 20.0
 COMMAND_TIMEOUT = 10.0
 _POLL_INTERVAL = 0.1
-_LOG_TAIL_CHARS = 4000
 
 NODES = ("n1", "n2")
 CONTROLLER = "ctl"
@@ -152,29 +151,6 @@ def find_binaries() -> dict[str, str]:
             f"--no-install-recommends {' '.join(packages)}), as the nox tests session does"
         )
     return found
-
-
-def _log_tail(log_path: Path) -> str:
-    try:
-        text = log_path.read_bytes().decode(errors="replace")
-    except OSError as exc:
-        return f"<no log at {log_path}: {exc}>"
-    return text[-_LOG_TAIL_CHARS:]
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM a daemon's process group, SIGKILL it after `timeout`, and reap it."""
-    # Signal the group only while the leader is unreaped, so its id cannot belong to another.
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _uts_namespace(pid: int) -> str | None:
@@ -320,18 +296,18 @@ def _munged(binaries: Mapping[str, str], err_path: Path) -> Iterator[None]:
             code = proc.poll()
             if code is not None:
                 raise RuntimeError(
-                    f"munged exited with status {code}: {_log_tail(err_path).strip()}; "
-                    f"log {log_path} ends with:\n{_log_tail(log_path)}"
+                    f"munged exited with status {code}: {log_tail(err_path).strip()}; "
+                    f"log {log_path} ends with:\n{log_tail(log_path)}"
                 )
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"munged did not answer within {START_TIMEOUT} s; "
-                    f"log {log_path} ends with:\n{_log_tail(log_path)}"
+                    f"log {log_path} ends with:\n{log_tail(log_path)}"
                 )
             time.sleep(_POLL_INTERVAL)
         yield
     finally:
-        _stop(proc)
+        stop_group(proc, STOP_TIMEOUT)
         if created_run_dir:
             with contextlib.suppress(OSError):
                 MUNGE_RUN_DIR.rmdir()
@@ -450,7 +426,7 @@ def _wait_until_ready(
             if code is not None:
                 raise RuntimeError(
                     f"{name} exited with status {code} while the Slurm test cluster started; "
-                    f"log {log_path} ends with:\n{_log_tail(log_path)}"
+                    f"log {log_path} ends with:\n{log_tail(log_path)}"
                 )
         try:
             states = cluster.node_states()
@@ -461,7 +437,7 @@ def _wait_until_ready(
             return
         if time.monotonic() > deadline:
             logs = "\n".join(
-                f"--- {log_path} ---\n{_log_tail(log_path)}" for _, log_path in daemons.values()
+                f"--- {log_path} ---\n{log_tail(log_path)}" for _, log_path in daemons.values()
             )
             raise RuntimeError(
                 f"the Slurm test cluster's nodes were not idle within {START_TIMEOUT} s "
@@ -513,7 +489,7 @@ def slurm_cluster(workdir: Path) -> Iterator[SlurmCluster]:
                     namespaces.add(ns)
             _cancel_jobs(cluster)
             for proc, _ in reversed(daemons.values()):
-                _stop(proc)
+                stop_group(proc, STOP_TIMEOUT)
             _kill_namespace_members(namespaces)
 
         stack.callback(stop_all)

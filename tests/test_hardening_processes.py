@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
 
+from elastic_hydra import contain
 from elastic_hydra.errors import WorkerStartError
 from elastic_hydra.logpump import ConsoleSink
 from elastic_hydra.supervise import LocalWorkers, WorkerSpec
@@ -139,6 +140,33 @@ def test_a_daemonized_descendant_does_not_outlive_the_job(
     assert code == expected
     assert_none_left(marker, "the daemon")
     wait_for(lambda: not cgroups_left(), 10, "the launch's cgroup to be removed")
+
+
+def test_the_next_launch_removes_the_cgroups_of_agents_killed_with_their_guard(
+    tmp_path: Path,
+) -> None:
+    # SIGKILL to a whole Slurm step takes the agent and its guard at once: nothing removes the
+    # launch's cgroup then. The next launch removes such cgroups when they are empty.
+    mount, own = contain._cgroup2_mount(), contain._own_cgroup()
+    assert mount is not None and own is not None, "the launcher's cgroup tests need cgroup v2"
+    parent = mount / own.lstrip("/")  # where the launcher, our child, makes its cgroup
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = parent / f"elastic-hydra-{gone.pid}-deadbeef"
+    alive = parent / f"elastic-hydra-{os.getpid()}-deadbeef"
+    stale.mkdir()
+    alive.mkdir()
+    try:
+        proc = agent(
+            tmp_path, f"script={WORKERS / 'exit_code.py'}", env={**os.environ, "CODE": "0"}
+        )
+        assert proc.wait(timeout=TIMEOUT) == 0
+        assert not stale.exists()  # its agent is gone
+        assert alive.exists()  # its agent (this test) is alive: never touched
+    finally:
+        for group in (stale, alive):
+            if group.exists():
+                group.rmdir()
 
 
 # ------------------------------------------------------------------------ a console that stalls

@@ -8,6 +8,7 @@ test is about a collective across the two hosts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -166,30 +167,35 @@ def test_a_failure_restarts_the_job_on_both_hosts(slurm: SlurmCluster, cwd: Path
     ]  # fmt: skip
 
 
-def _running(slurm: SlurmCluster, name: str) -> str | None:
-    out = slurm.run(["squeue", "-h", "-n", name, "-t", "RUNNING", "-o", "%i"], timeout=30).stdout
-    return out.split()[0] if out.split() else None
-
-
-def test_scancel_stops_both_nodes_with_143_and_leaves_nothing(
-    slurm: SlurmCluster, cwd: Path
-) -> None:
+@contextlib.contextmanager
+def sleeping_step(
+    slurm: SlurmCluster, cwd: Path, name: str, *overrides: str
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`srun -N2` of a 2-worker-per-node job whose workers sleep: yields the srun process and the
+    job id once all 4 workers run; kills srun if the test leaves it running."""
     with subprocess.Popen(
-        ["srun", "-N2", "--ntasks-per-node=1", "--job-name=eh-scancel",
-         *launcher("nproc_per_node=2")],
+        ["srun", "-N2", "--ntasks-per-node=1", f"--job-name={name}",
+         *launcher("nproc_per_node=2", *overrides)],
         cwd=cwd, env=slurm_env(slurm, cwd / "out", {"SLEEP": "1"}),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as step:  # fmt: skip
         try:
             wait_for(lambda: len(records(cwd / "out")) == 4, STEP_TIMEOUT, "4 workers to start")
-            job_id = _running(slurm, "eh-scancel")
-            assert job_id is not None
-            slurm.run(["scancel", job_id], timeout=30)
-            step.communicate(timeout=STEP_TIMEOUT)
+            out = slurm.run(["squeue", "-h", "-n", name, "-o", "%i"], timeout=30).stdout.split()
+            assert len(out) == 1, out
+            yield step, out[0]
         finally:
             if step.poll() is None:
                 step.kill()
                 step.communicate()
+
+
+def test_scancel_stops_both_nodes_with_143_and_leaves_nothing(
+    slurm: SlurmCluster, cwd: Path
+) -> None:
+    with sleeping_step(slurm, cwd, "eh-scancel") as (step, job_id):
+        slurm.run(["scancel", job_id], timeout=30)
+        step.communicate(timeout=STEP_TIMEOUT)
     wait_for(lambda: not job_processes(job_id), QUEUE_TIMEOUT, "the job's processes to end")
     for node in step_dirs(cwd).values():
         result = json.loads((node / "result.json").read_text())
@@ -199,26 +205,13 @@ def test_scancel_stops_both_nodes_with_143_and_leaves_nothing(
 def test_kill_9_of_one_nodes_launcher_ends_the_job_and_leaves_nothing(
     slurm: SlurmCluster, cwd: Path
 ) -> None:
-    with subprocess.Popen(
-        ["srun", "-N2", "--ntasks-per-node=1", "--job-name=eh-kill9",
-         *launcher("nproc_per_node=2", "rdzv.join_timeout=10")],
-        cwd=cwd, env=slurm_env(slurm, cwd / "out", {"SLEEP": "1"}),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as step:  # fmt: skip
-        try:
-            wait_for(lambda: len(records(cwd / "out")) == 4, STEP_TIMEOUT, "4 workers to start")
-            job_id = _running(slurm, "eh-kill9")
-            assert job_id is not None
-            (agent,) = [
-                p for p in job_processes(job_id)
-                if p.environ().get("SLURM_NODEID") == "1" and "elastic_hydra" in p.cmdline()
-            ]  # fmt: skip
-            agent.send_signal(signal.SIGKILL)
-            step.communicate(timeout=STEP_TIMEOUT)
-        finally:
-            if step.poll() is None:
-                step.kill()
-                step.communicate()
+    with sleeping_step(slurm, cwd, "eh-kill9", "rdzv.join_timeout=10") as (step, job_id):
+        (agent,) = [
+            p for p in job_processes(job_id)
+            if p.environ().get("SLURM_NODEID") == "1" and "elastic_hydra" in p.cmdline()
+        ]  # fmt: skip
+        agent.send_signal(signal.SIGKILL)
+        step.communicate(timeout=STEP_TIMEOUT)
     assert step.returncode != 0
     wait_for(lambda: not job_processes(job_id), QUEUE_TIMEOUT, "the job's processes to end")
     survivor = json.loads((step_dirs(cwd)["n1"] / "result.json").read_text())
