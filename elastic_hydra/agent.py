@@ -111,7 +111,7 @@ class LocalWorkerFactory:
         self.base_env = dict(os.environ)
         self.cwd = os.getcwd()
         self.sink = None if plan.logs.quiet or not plan.logs.tee else ConsoleSink()
-        self.colour = sys.stdout.isatty()
+        self.colour = notices.colour(sys.stdout)  # rank prefixes: NO_COLOR turns them off
         self.argv = plan.argv
         self.store_fd: int | None = None  # standalone: rank 0's store listens on it
 

@@ -1,7 +1,7 @@
 """The `elastic-hydra` command: exit codes and user-facing errors around the launch.
 
 elastic-hydra [JOB.yaml] [-m] [--plan[=json]] [key=value ...] [-- SCRIPT ARGS ...]
-elastic-hydra report RUN_DIR
+elastic-hydra report [RUN_DIR | SWEEP_DIR]     (the latest run without one)
 elastic-hydra rdzv-server [--host H] [--port P]      (see rdzv_server.py)
 """
 
@@ -22,7 +22,7 @@ from elastic_hydra.argv import Invocation, parse_argv
 from elastic_hydra.config_errors import explain
 from elastic_hydra.errors import EXIT_CONFIG, EXIT_WORKERS_FAILED, ConfigError, ElasticHydraError
 from elastic_hydra.jobfile import check_job_file
-from elastic_hydra.records import RunSummary
+from elastic_hydra.records import JobResult, RunSummary
 from elastic_hydra.rundir import RunDir
 
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
@@ -94,30 +94,43 @@ def _version() -> str:
 
 
 # ----------------------------------------------------------------------------------------- report
+REPORT_USAGE = """usage: elastic-hydra report [RUN_DIR | SWEEP_DIR]
+
+Show a finished launch again: its summary, its timeline and, for a failure, the root cause.
+Without a directory: the latest run under ./eh_logs. A sweep's directory shows its table.
+Exits 0 for a run (or sweep) that succeeded, 1 for one that did not, 2 for bad input."""
+
+
 def report(args: Sequence[str]) -> int:
-    """`elastic-hydra report RUN_DIR`: re-render a finished run's summary and timeline."""
-    if len(args) != 1:
+    """`elastic-hydra report [DIR]`: re-render a finished run's summary and timeline."""
+    if list(args) in (["-h"], ["--help"]):
+        print(REPORT_USAGE)
+        return 0
+    if len(args) > 1:
         raise ConfigError(
-            "report",
-            "needs one run dir",
-            " ".join(args) or "<nothing>",
-            "expected elastic-hydra report RUN_DIR",
+            "report", "takes one run dir", " ".join(args), "expected elastic-hydra report [RUN_DIR]"
         )
-    run = RunDir(Path(args[0]))
+    where = Path(args[0]) if args else _latest_run(Path("eh_logs"))
+    run = RunDir(where)
+    if not run.summary.exists() and (sweep := _sweep_results(where)):
+        from elastic_hydra import render
+
+        render.print_sweep(sweep)
+        return 0 if all(r.exit_code == 0 for r in sweep) else 1
     try:
         summary = RunSummary.from_json(json.loads(run.summary.read_text()))
     except FileNotFoundError:
         raise ConfigError(
             "report",
             "no summary.json in this directory",
-            args[0],
+            str(where),
             "expected the run dir of a launch (it is printed at the end of each run)",
         ) from None
     except ValueError as exc:
         raise ConfigError(
             "report",
             f"summary.json does not read as a run summary ({exc})",
-            args[0],
+            str(where),
             "expected a run dir written by elastic-hydra",
         ) from None
     events = []
@@ -128,7 +141,34 @@ def report(args: Sequence[str]) -> int:
     from elastic_hydra import render
 
     render.print_report(summary, events)
-    return 0
+    return 0 if summary.status == "succeeded" else 1
+
+
+def _latest_run(root: Path) -> Path:
+    """The run dir under `root` whose summary was written last."""
+    summaries = [p for p in root.rglob("summary.json") if p.is_file()] if root.is_dir() else []
+    if not summaries:
+        raise ConfigError(
+            "report", "no run found under", str(root),
+            "run it from the directory you launched in, or give the run dir",
+        )  # fmt: skip
+    latest = max(summaries, key=lambda p: p.stat().st_mtime).parent
+    print(f"elastic-hydra report: the latest run, {latest}", file=sys.stderr)
+    return latest
+
+
+def _sweep_results(sweep: Path) -> list[JobResult]:
+    """The results of a sweep's jobs (`<sweep>/<job#>/result.json`, or a multi-node job's first
+    node's), in job order; [] where `sweep` is no sweep."""
+    results = []
+    jobs = [p for p in sweep.iterdir() if p.name.isdigit()] if sweep.is_dir() else []
+    for job_dir in sorted(jobs, key=lambda p: int(p.name)):
+        found = [job_dir / "result.json", *sorted(job_dir.glob("*/result.json"))]
+        for path in found:
+            with contextlib.suppress(OSError, ValueError):
+                results.append(JobResult.from_json(json.loads(path.read_text())))
+                break
+    return results
 
 
 # ------------------------------------------------------------------------------------------- plan

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TextIO
 
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.records import RunSummary
@@ -21,7 +22,7 @@ def took(summary: RunSummary) -> str:
 
 def succeeded(summary: RunSummary) -> None:
     head = "elastic-hydra: succeeded"
-    if _colour():
+    if colour():
         head = _GREEN + head + _RESET
     _say(f"{head} ({took(summary)}); run dir {summary.run_dir}")
 
@@ -46,13 +47,14 @@ def warn(text: str) -> None:
     _say(f"elastic-hydra: warning: {text}")
 
 
-def _colour() -> bool:
+def colour(stream: TextIO | None = None) -> bool:
     """Colour as rich decides it: NO_COLOR wins, then FORCE_COLOR, then a terminal that has it."""
     if os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return sys.stderr.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")
+    tty = (stream or sys.stderr).isatty()
+    return tty and os.environ.get("TERM", "") not in ("dumb", "unknown")
 
 
 def _say(line: str) -> None:

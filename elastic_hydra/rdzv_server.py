@@ -73,4 +73,4 @@ def main(argv: Sequence[str]) -> int:
     signum = stopsignals.pending_signal() or signal.sigwait(stopsignals.STOP_SIGNALS)
     print(f"{PREFIX}: {signal.Signals(signum).name}, stopping", flush=True)
     del store
-    return 0
+    return 128 + signum  # stopped by a signal, as every launcher reports it

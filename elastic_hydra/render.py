@@ -120,7 +120,7 @@ def describe_restart(spec: RestartSpec) -> str:
 
 
 def print_plan(plan: LaunchPlan, *, run_dir_hint: str = "") -> None:
-    console().print(plan_table(plan, run_dir_hint=run_dir_hint))
+    _print(console(), plan_table(plan, run_dir_hint=run_dir_hint))
 
 
 def sweep_table(results: Sequence[JobResult]) -> Table:
@@ -148,7 +148,7 @@ def _relative(path: str) -> str:
 
 
 def print_sweep(results: Sequence[JobResult]) -> None:
-    console().print(sweep_table(results))
+    _print(console(), sweep_table(results))
 
 
 # --------------------------------------------------------------------------------- run summary
@@ -174,7 +174,7 @@ def _print(out: Console, *renderables: RenderableType) -> None:
 
 def outcome_report(summary: RunSummary, *, plain: bool, width: int = 100) -> RenderableType:
     """The failure report: root cause and its traceback, the other ranks, where the logs are."""
-    title = f"elastic-hydra: {summary.status}"
+    title = f"elastic-hydra: {summary.status.replace('_', ' ')}"  # not a field name
     headline = Text(f"{summary.message} ({took(summary)})")
     parts: list[RenderableType] = []
     cause = summary.root_cause
@@ -326,6 +326,11 @@ def attempts_table(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table
     return table
 
 
+def _short(value: object) -> str:
+    """An event's value for people: floats to 3 significant decimals (0.947, not 0.94729827)."""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def timeline(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
     """One row per event: seconds since the first, what happened."""
     table = Table(title="timeline", title_justify="left", box=None if plain else box.SIMPLE)
@@ -335,6 +340,6 @@ def timeline(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
     t0 = events[0]["monotonic"] if events else 0.0
     for ev in events:
         data = {k: v for k, v in ev.items() if k not in ("event", "time", "monotonic")}
-        details = ", ".join(f"{k}={v}" for k, v in data.items())
+        details = ", ".join(f"{k}={_short(v)}" for k, v in data.items())
         table.add_row(f"{ev['monotonic'] - t0:.3f}", str(ev["event"]), details)
     return table

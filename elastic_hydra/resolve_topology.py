@@ -57,10 +57,30 @@ def resolve_topology(conf: ElasticHydraConf, environ: Mapping[str, str]) -> Topo
         return Topology(nnodes=nnodes, rdzv=_static(conf, nnodes), run_id=r.id)
     if r.backend == "slurm":
         return _slurm(r, nnodes, environ)
-    endpoint = parse_endpoint(r.endpoint, DEFAULT_PORTS[r.backend], key="rdzv.endpoint")
+    if nnodes.max > 1:
+        _require_shared_names(r)
+    text = r.endpoint.strip() or "127.0.0.1"  # one node: this machine
+    endpoint = parse_endpoint(text, DEFAULT_PORTS[r.backend], key="rdzv.endpoint")
     return Topology(
         nnodes=nnodes, rdzv=_dynamic(r, DynamicBackend(r.backend), endpoint), run_id=r.id
     )
+
+
+def _require_shared_names(r: RdzvConf) -> None:
+    """Several nodes meet only at an endpoint and a run id they all name: the defaults (this
+    machine's 127.0.0.1, the run id `none`) would leave each node alone with a store of its own,
+    or put unrelated jobs in one."""
+    if not r.endpoint.strip():
+        raise ConfigError(
+            "rdzv.endpoint", f"is needed for rdzv={r.backend} on several nodes (each node would "
+            "host its own store on 127.0.0.1)", "", "give every node the same "
+            "rdzv.endpoint=HOST:PORT (the first node's, or an rdzv-server's), or use rdzv=slurm",
+        )  # fmt: skip
+    if r.id is None:
+        raise ConfigError(
+            "rdzv.id", "is needed on several nodes: it keeps jobs that share a store apart", "null",
+            "give every node the same rdzv.id=NAME, e.g. rdzv.id=pretrain-42",
+        )  # fmt: skip
 
 
 def _refuse_static_keys(conf: ElasticHydraConf) -> None:

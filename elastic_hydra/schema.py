@@ -39,9 +39,11 @@ class RdzvConf:
         "standalone (one node, nothing external), static (fixed node ranks), c10d, etcd-v2, "
         "etcd (torch's rendezvous handlers) or slurm (c10d at the Slurm step's first node)",
     )
-    endpoint: str = key("", "host[:port] of the c10d store or etcd server (ports 29400, 2379)")
+    endpoint: str = key(
+        "", "host[:port] of the c10d store or etcd server (ports 29400, 2379); needed on 2+ nodes"
+    )
     id: str | None = key(
-        None, "job id shared by all nodes; null: a fresh uuid (standalone), else none"
+        None, "job id shared by all nodes (needed on 2+ nodes); null: a fresh uuid (standalone)"
     )
     join_timeout: float = key(600.0, "seconds to wait for the minimum number of nodes")
     last_call_timeout: float = key(30.0, "seconds to wait for more nodes once MIN joined")

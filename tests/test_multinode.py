@@ -219,6 +219,7 @@ def test_a_closed_rendezvous_and_an_unreachable_store_are_one_line_each(tmp_path
         assert j.finish(60) == [3], j.explain()
     (line,) = [ln for ln in j.agents[0].text().splitlines() if "does not resolve" in ln]
     assert "'no-such-host.invalid'" in line and "rdzv.endpoint" in line, line
+    assert line.startswith("elastic-hydra: rendezvous failed: "), line  # words, not a field name
 
 
 def test_nodes_that_resolved_different_jobs_refuse_to_start(tmp_path: Path) -> None:
@@ -322,3 +323,10 @@ def test_an_elastic_hydra_agent_and_a_torchrun_agent_form_one_job(tmp_path: Path
     # Both agents leave through the same exit barrier: neither waits for a timeout.
     barrier = [e for e in j.agents[0].events() if e["event"] == "exit_barrier"]
     assert barrier and barrier[0]["completed"] is True
+
+
+def test_the_rdzv_server_stopped_by_a_signal_exits_128_plus_its_number(tmp_path: Path) -> None:
+    with rdzv_server(tmp_path) as (_port, server):
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 143
+    assert "rdzv-server: SIGTERM, stopping" in (tmp_path / "rdzv-server.out").read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,9 @@ def test_restarts_exhausted_keep_every_failure_and_report_shows_the_timeline(
     assert summary["root_cause"]["exit"] == "exit code 3"
 
     report = cli(tmp_path, "report", str(run_dir))
-    assert report.returncode == 0, report.stderr
+    assert report.returncode == 1, report.stderr  # the run failed
     out = report.stdout
+    assert re.search(r"delay=\d+(\.\d{1,3})?\b", out) and not re.search(r"=\d+\.\d{4,}", out)
     assert out.count("restart ") >= 2 and "workers_started" in out and "finish" in out
     assert "root cause  rank 1 (local rank 1)" in out and "restart count 2" in out
     assert "terminated by launcher (SIGTERM)" in out
@@ -85,10 +87,28 @@ def test_success_summary_and_report(tmp_path: Path) -> None:
     report = cli(tmp_path, "report", str(run_dir))
     assert report.returncode == 0
     assert "elastic-hydra: succeeded" in report.stdout and "workers_started" in report.stdout
+    latest = cli(tmp_path, "report")  # no directory: the latest run under ./eh_logs
+    assert latest.returncode == 0 and latest.stdout == report.stdout
+    assert f"the latest run, {run_dir.relative_to(tmp_path)}" in latest.stderr
+    usage = cli(tmp_path, "report", "--help")
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: elastic-hydra report")
+
+
+def test_report_of_a_sweep_shows_its_table_and_fails_with_it(tmp_path: Path) -> None:
+    sweep = cli(tmp_path, "-m", f"script={EXIT_CODE}", "logs=quiet", "env.CODE=0,3")
+    assert sweep.returncode == 1, sweep.stderr
+    (sweep_dir,) = (tmp_path / "eh_logs" / "multirun").glob("*/*")
+    report = cli(tmp_path, "report", str(sweep_dir))
+    assert report.returncode == 1, report.stderr
+    rows = [ln for ln in report.stdout.splitlines() if "env.CODE=" in ln]
+    assert [("ok" in r.split(), "failed" in r.split()) for r in rows] == [
+        (True, False),
+        (False, True),
+    ]
 
 
 def test_report_of_a_directory_without_a_summary_is_one_line(tmp_path: Path) -> None:
-    for args in (["report", str(tmp_path)], ["report"], ["report", "a", "b"]):
+    for args in (["report", str(tmp_path)], ["report"], ["report", "a", "b"]):  # no eh_logs
         proc = cli(tmp_path, *args)
         assert proc.returncode == 2, args
         assert "Traceback" not in proc.stderr

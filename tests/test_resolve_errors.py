@@ -465,6 +465,9 @@ def test_every_preset_plans(
     ), "--plan must not create anything"
 
 
+SHARED = ("rdzv.endpoint=node0:29400", "rdzv.id=job7")  # what every node of a job names
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -476,13 +479,26 @@ def test_every_preset_plans(
     ],
 )
 def test_nnodes_forms(job_dir: Path, overrides: list[str], expected: NodeRange) -> None:
-    assert plan_of(T, *overrides).nnodes == expected
+    assert plan_of(T, *overrides, *SHARED).nnodes == expected
 
 
 def test_quoted_range_in_job_file(job_dir: Path) -> None:
     (job_dir / "quoted.yaml").write_text(BASE + 'nnodes: "2:4"\n')
-    cfg = compose("quoted.yaml", "rdzv=c10d")
+    cfg = compose("quoted.yaml", "rdzv=c10d", *SHARED)
     assert resolve_config(cfg).nnodes == NodeRange(min=2, max=4)
+
+
+@pytest.mark.parametrize("backend", ["c10d", "etcd-v2", "etcd"])
+def test_several_nodes_need_an_endpoint_and_a_run_id_they_all_name(
+    job_dir: Path, capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
+    # The defaults would leave each node alone with a store on its own 127.0.0.1.
+    for given, key in [((), "rdzv.endpoint"), (("rdzv.endpoint=node0:29400",), "rdzv.id")]:
+        assert run_main([T, f"rdzv={backend}", "nnodes=2", *given, "--plan"]) == EXIT_CONFIG
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"elastic-hydra: error: {key}: is needed"), line
+        assert f"{key}=" in line  # the fix, spelled out
+    assert plan_of(T, f"rdzv={backend}", "nnodes=1").nnodes == NodeRange(min=1, max=1)
 
 
 def test_defaults_equal_torchrun(job_dir: Path) -> None:
