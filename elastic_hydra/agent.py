@@ -67,13 +67,15 @@ class RealClock:
 class EventLog:
     """Appends each event to events.jsonl as it happens (flushed: nothing lost if killed).
 
-    `echo` also shows the membership story (joining, nodes joining or leaving) on the console.
+    `echo` also shows restarts on the console and, with `multi_node`, the membership story
+    (joining, nodes joining or leaving).
     """
 
-    def __init__(self, path: Path, echo: bool = False) -> None:
+    def __init__(self, path: Path, echo: bool = False, multi_node: bool = False) -> None:
         self.file: IO[str] | None = os.fdopen(open_private(path), "a", buffering=1)
         self.events: list[Event] = []
         self.echo = echo
+        self.multi_node = multi_node
 
     def emit(self, kind: EventKind, **data: Any) -> None:
         event = Event(kind=kind, wall_time=time.time(), mono_time=time.monotonic(), data=data)
@@ -85,7 +87,7 @@ class EventLog:
                 notices.warn(f"cannot write events.jsonl ({exc.strerror}); no more events saved")
                 self._close_file()
         if self.echo:
-            notices.progress(event)
+            notices.progress(event, multi_node=self.multi_node)
 
     def _close_file(self) -> None:
         if self.file is not None:
@@ -305,7 +307,9 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     run_dir.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     started, started_at = time.monotonic(), time.time()
     flag = StopFlag(stopsignals.pending_signal())
-    events = EventLog(run_dir.events, echo=isinstance(plan.rdzv, Dynamic) and not plan.logs.quiet)
+    events = EventLog(
+        run_dir.events, echo=not plan.logs.quiet, multi_node=isinstance(plan.rdzv, Dynamic)
+    )
     rdzv: Rendezvous | None = None
     outcome: RunOutcome | None = None
     job_failures: list[FailureRecord] = []

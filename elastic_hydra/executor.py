@@ -232,6 +232,7 @@ class Executor:
             reason=decision.reason,
             delay=decision.delay,
             restart=self.state.restarts + 1,
+            rank=cause.rank,
         )
         self.clock.sleep(decision.delay)
         if self.stop_request.signum is not None:

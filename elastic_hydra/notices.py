@@ -27,10 +27,15 @@ def succeeded(summary: RunSummary) -> None:
     _say(f"{head} ({took(summary)}); run dir {summary.run_dir}")
 
 
-def progress(event: Event) -> None:
-    """One line for the steps of a multi-node job that otherwise look like a hang."""
+def progress(event: Event, *, multi_node: bool) -> None:
+    """One line for each restart, and for the steps of a multi-node job that otherwise look like
+    a hang (joining, the round, nodes joining or leaving)."""
     d = event.data
     match event.kind:
+        case EventKind.RESTART:
+            _say(f"elastic-hydra: rank {d['rank']} failed: {d['reason']}")
+        case _ if not multi_node:
+            return
         case EventKind.JOINING:
             _say(f"elastic-hydra: joining the rendezvous (attempt {d['attempt']})")
         case EventKind.RENDEZVOUS:

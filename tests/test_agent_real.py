@@ -804,3 +804,20 @@ def test_rank_prefixes_are_coloured_on_a_terminal_unless_no_color(
             proc.wait()
     assert b"[default0]:" in output and b"hello" in output, output
     assert (b"\x1b[" in output) is not no_color, output
+
+
+def test_each_restart_is_one_line_on_the_console(tmp_path: Path) -> None:
+    proc = run_raw(
+        f"script={EXIT_CODE}", "nproc_per_node=2", "restart.max_restarts=2",
+        "--", "--code", "3", "--rank", "1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.decode().splitlines() if "failed: restart" in ln]
+    assert lines == [
+        "elastic-hydra: rank 1 failed: restart 1 of 2 after exit code 3, in 0.0 s",
+        "elastic-hydra: rank 1 failed: restart 2 of 2 after exit code 3, in 0.0 s",
+    ]
+    quiet = run_raw(f"script={EXIT_CODE}", "restart.max_restarts=1", "logs=quiet", "--",
+                    "--code", "3", cwd=tmp_path)  # fmt: skip
+    assert b"failed: restart" not in quiet.stderr  # logs=quiet: the summary only
