@@ -121,7 +121,14 @@ class LocalWorkerFactory:
         specs = [
             self._spec(node, attempt, restart_count, lr) for lr in range(self.plan.nproc_per_node)
         ]
-        return LocalWorkers(specs, self.sink, self.flag.read_fd, self.guard, self.contain)
+        return LocalWorkers(
+            specs,
+            self.sink,
+            self.flag.read_fd,
+            self.guard,
+            self.contain,
+            hurry=lambda: self.flag.count > 1,  # a second Ctrl-C kills at once
+        )
 
     def _spec(
         self, node: NodeAssignment, attempt: int, restart_count: int, local_rank: int

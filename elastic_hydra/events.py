@@ -18,6 +18,7 @@ class EventKind(enum.Enum):
     MEMBERSHIP = "membership"  # a node joined, left or ended the job while the workers ran
     EXIT_BARRIER = "exit_barrier"  # after success: how long this node waited for the others
     SIGNAL = "signal"  # the agent received a signal
+    STOPPING = "stopping"  # a signal stops the workers: how many, and the grace
     STOP = "stop"  # workers were stopped: why, and pids that would not die
     FINISH = "finish"  # the run ended: status and exit code
 

@@ -196,6 +196,13 @@ class Executor:
     def _stop_group(self, group: WorkerGroup, ended: _Ended, reason: str) -> None:
         sig = self.stop_request.signum if ended is _Ended.STOPPED else signal.SIGTERM
         running = group.running()
+        if ended is _Ended.STOPPED and running:
+            self.observer.emit(
+                EventKind.STOPPING,
+                signal=signal.Signals(sig or signal.SIGTERM).name,
+                workers=len(running),
+                grace=self.plan.stop_grace,
+            )
         exits, stuck = group.stop(sig or signal.SIGTERM, self.plan.stop_grace)
         node = self.state.node
         assert node is not None

@@ -34,6 +34,11 @@ def progress(event: Event, *, multi_node: bool) -> None:
     match event.kind:
         case EventKind.RESTART:
             _say(f"elastic-hydra: rank {d['rank']} failed: {d['reason']}")
+        case EventKind.STOPPING:
+            _say(
+                f"elastic-hydra: {d['signal']}: stopping {d['workers']} worker(s), up to "
+                f"{d['grace']:g} s (stop_grace); Ctrl-C again to kill them now"
+            )
         case _ if not multi_node:
             return
         case EventKind.JOINING:

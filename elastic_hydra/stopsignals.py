@@ -39,11 +39,13 @@ class StopFlag:
 
     def __init__(self, signum: int | None = None) -> None:
         self.signum = signum
+        self.count = 0 if signum is None else 1  # stop signals received: a second one hurries
         self.read_fd, self.write_fd = os.pipe()
         for fd in (self.read_fd, self.write_fd):
             os.set_blocking(fd, False)
 
     def handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.count += 1
         if self.signum is None:
             self.signum = signum
 

@@ -233,8 +233,11 @@ class LocalWorkers:
         wake_fd: int,
         guard: GroupGuard | None = None,
         containment: Containment | None = None,
+        *,
+        hurry: Callable[[], bool] = lambda: False,
     ) -> None:
         self._guard = guard
+        self._hurry = hurry  # true once the user asked again: skip the rest of the grace
         self._sel = selectors.DefaultSelector()
         self._wake_fd = wake_fd
         self._sel.register(wake_fd, selectors.EVENT_READ, None)
@@ -348,7 +351,7 @@ class LocalWorkers:
         for w in self.workers:
             w.signal_group(sig)
             w.signal_group(signal.SIGCONT)  # a stopped worker can only handle `sig` once resumed
-        exited += self._wait_groups(grace)
+        exited += self._wait_groups(grace, hurry=self._hurry)
         if any(w.group_alive() for w in self.workers):
             for w in self.workers:
                 w.signal_group(signal.SIGKILL)
@@ -356,12 +359,14 @@ class LocalWorkers:
         stuck = [w.pid for w in self.workers if w.exited is None or w.group_alive()]
         return exited, stuck
 
-    def _wait_groups(self, timeout: float) -> list[Exited]:
+    def _wait_groups(
+        self, timeout: float, hurry: Callable[[], bool] = lambda: False
+    ) -> list[Exited]:
         exited: list[Exited] = []
         deadline = time.monotonic() + timeout
         while any(w.exited is None or w.group_alive() for w in self.workers):
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or hurry():
                 break
             # Grandchildren have no pidfd here: poll the groups at a short, bounded interval.
             found, _ = self._poll(min(left, 0.02))

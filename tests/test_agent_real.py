@@ -242,6 +242,33 @@ def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     assert result["stuck_pids"] == []
 
 
+def test_a_second_ctrl_c_kills_at_once_and_the_first_says_so(tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    with started(
+        f"script={SLEEPER}", "nproc_per_node=2", "stop_grace=60",
+        "--", "--dir", str(markers), "--ignore-term", "all",
+        cwd=tmp_path,
+    ) as agent:  # fmt: skip
+        try:
+            pids = [m["pid"] for m in read_markers(markers, 2)]
+            events = find_run_dir(tmp_path / "eh_logs") / "events.jsonl"
+            agent.send_signal(signal.SIGINT)
+            wait_for(lambda: '"stopping"' in events.read_text(), 20, "the stopping event")
+            began = time.monotonic()
+            agent.send_signal(signal.SIGINT)  # the workers ignore SIGTERM: only a kill ends them
+            _, err = agent.communicate(timeout=20)
+            took = time.monotonic() - began
+        finally:
+            kill_leftovers(marker_pids(markers))
+    assert agent.returncode == 130
+    assert took < 10, f"the second Ctrl-C took {took:.1f} s (stop_grace=60)"
+    assert all(gone(pid) for pid in pids)
+    assert (
+        "elastic-hydra: SIGINT: stopping 2 worker(s), up to 60 s (stop_grace); Ctrl-C again to "
+        "kill them now"
+    ) in err.decode()
+
+
 # ------------------------------------------------------------------------------- 4 grandchildren
 def test_grandchildren_die_with_their_worker(tmp_path: Path) -> None:
     markers = tmp_path / "markers"
