@@ -202,7 +202,8 @@ def make_rendezvous(plan: LaunchPlan, flag: StopFlag, run: RunDir) -> Rendezvous
         record = failure_record(WorkerFailure(exit=exit, detail=detail, host=HOST))
         return {**record.to_json(), "node_rank": node.group_rank}
 
-    return TorchRendezvous(plan, flag, describe)
+    say = notices.say if not plan.logs.quiet else lambda _line: None
+    return TorchRendezvous(plan, flag, describe, say)
 
 
 @contextmanager

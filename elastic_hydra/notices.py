@@ -24,7 +24,7 @@ def succeeded(summary: RunSummary) -> None:
     head = "elastic-hydra: succeeded"
     if colour():
         head = _GREEN + head + _RESET
-    _say(f"{head} ({took(summary)}); run dir {summary.run_dir}")
+    say(f"{head} ({took(summary)}); run dir {summary.run_dir}")
 
 
 def progress(event: Event, *, multi_node: bool) -> None:
@@ -33,28 +33,28 @@ def progress(event: Event, *, multi_node: bool) -> None:
     d = event.data
     match event.kind:
         case EventKind.RESTART:
-            _say(f"elastic-hydra: rank {d['rank']} failed: {d['reason']}")
+            say(f"elastic-hydra: rank {d['rank']} failed: {d['reason']}")
         case EventKind.STOPPING:
-            _say(
+            say(
                 f"elastic-hydra: {d['signal']}: stopping {d['workers']} worker(s), up to "
                 f"{d['grace']:g} s (stop_grace); Ctrl-C again to kill them now"
             )
         case _ if not multi_node:
             return
         case EventKind.JOINING:
-            _say(f"elastic-hydra: joining the rendezvous (attempt {d['attempt']})")
+            say(f"elastic-hydra: joining the rendezvous (attempt {d['attempt']})")
         case EventKind.RENDEZVOUS:
-            _say(
+            say(
                 f"elastic-hydra: node {d['node_rank']} of {d['nodes']}, world size "
                 f"{d['world_size']}, master {d['master']}"
             )
         case EventKind.MEMBERSHIP:
-            _say(f"elastic-hydra: {d['reason']}")
+            say(f"elastic-hydra: {d['reason']}")
 
 
 def warn(text: str) -> None:
     """Something went wrong that does not change the job's outcome (a file we could not write)."""
-    _say(f"elastic-hydra: warning: {text}")
+    say(f"elastic-hydra: warning: {text}")
 
 
 def colour(stream: TextIO | None = None) -> bool:
@@ -67,6 +67,6 @@ def colour(stream: TextIO | None = None) -> bool:
     return tty and os.environ.get("TERM", "") not in ("dumb", "unknown")
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -36,6 +37,8 @@ RendezvousHandler = Any
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
 
 _T = TypeVar("_T")
+# Seconds into a join at which the console hears of it; then every 60 s.
+WAIT_NOTICES = (5.0, 30.0, 60.0)
 
 
 class TorchRendezvous:
@@ -46,12 +49,14 @@ class TorchRendezvous:
         plan: LaunchPlan,
         interrupt: StopRequest,
         describe: Callable[[WorkerExit, NodeAssignment], dict[str, Any]],
+        say: Callable[[str], None] = lambda _line: None,
     ) -> None:
         assert isinstance(plan.rdzv, Dynamic)
         self.plan = plan
         self.spec: Dynamic = plan.rdzv
         self.interrupt = interrupt
         self.describe = describe
+        self.say = say  # a line on the console while a join waits
         self.where = f"{self.spec.backend.value} rendezvous '{plan.run_id}' at {self.spec.endpoint}"
         self.node: NodeAssignment | None = None
         self.store: Store | None = None  # this round's store
@@ -302,20 +307,35 @@ class TorchRendezvous:
 
         thread = threading.Thread(target=target, name=f"rendezvous-{what}", daemon=True)
         thread.start()
+        started, notice_at = time.monotonic(), WAIT_NOTICES[0]
         while thread.is_alive():
             thread.join(0.05)
             if self.interrupt.signum is not None:
                 raise RendezvousError(f"stopped by a signal during the rendezvous {what}")
+            waited = time.monotonic() - started
+            if what == "join" and waited >= notice_at:
+                self.say(self._still_waiting(waited))
+                notice_at = next(t for t in (*WAIT_NOTICES, notice_at + 60) if t > notice_at)
         if error:
             raise error[0]
         return result[0]
 
-    def _lost(self, exc: BaseException) -> str:
+    def _still_waiting(self, waited: float) -> str:
+        nodes = self.plan.nnodes
         return (
-            f"lost the {self.where}: {_reason(exc)}. The node hosting it may have died; "
-            "run the store apart from the agents with `elastic-hydra rdzv-server`"
-            if self.spec.backend is DynamicBackend.C10D
-            else f"lost the {self.where}: {_reason(exc)}. Check that etcd is running"
+            f"elastic-hydra: waiting for {nodes.min} node(s) (nnodes={nodes}) at the {self.where}: "
+            f"{waited:.0f} s of rdzv.join_timeout={self.spec.join_timeout:g} s"
+        )
+
+    def _lost(self, exc: BaseException) -> str:
+        lost = f"lost the {self.where}: {_reason(exc)}."
+        if self.spec.backend is not DynamicBackend.C10D:
+            return f"{lost} Check that etcd is running"
+        if self.spec.is_host is False:  # the store lives apart already (an rdzv-server)
+            return f"{lost} Check the store's process at {self.spec.endpoint}"
+        return (
+            f"{lost} The node hosting it may have died; run the store apart from the agents "
+            "with `elastic-hydra rdzv-server`"
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import time
@@ -220,6 +221,31 @@ def test_a_closed_rendezvous_and_an_unreachable_store_are_one_line_each(tmp_path
     (line,) = [ln for ln in j.agents[0].text().splitlines() if "does not resolve" in ln]
     assert "'no-such-host.invalid'" in line and "rdzv.endpoint" in line, line
     assert line.startswith("elastic-hydra: rendezvous failed: "), line  # words, not a field name
+
+
+def test_losing_an_rdzv_server_points_at_it(tmp_path: Path) -> None:
+    with rdzv_server(tmp_path) as (port, server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        idle = j.command(
+            "nnodes=1", "nproc_per_node=1", "rdzv.is_host=false", *FAST,
+            f"logs.root={tmp_path / 'agent0'}", script=WORKERS / "idle.py",
+        )  # fmt: skip
+        j.start(argv=idle)
+        wait_for(lambda: "node 0 of 1" in j.agents[0].text(), 60, "the round to complete")
+        server.kill()
+        assert j.finish(AGENT_DEADLINE) == [3], j.explain()
+    (line,) = [ln for ln in j.agents[0].text().splitlines() if "lost the c10d" in ln]
+    assert f"Check the store's process at 127.0.0.1:{port}" in line, line
+    assert "run the store apart" not in line  # it is apart already
+
+
+def test_a_join_that_waits_says_for_what_and_how_long(tmp_path: Path) -> None:
+    port = free_port()
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        j.start("nnodes=2", "nproc_per_node=1", "rdzv.join_timeout=7", *FAST)
+        assert j.finish(AGENT_DEADLINE) == [3], j.explain()
+    (line,) = [ln for ln in j.agents[0].text().splitlines() if "waiting for" in ln]
+    assert line.startswith("elastic-hydra: waiting for 2 node(s) (nnodes=2) at the c10d"), line
+    assert re.search(r": [5-6] s of rdzv.join_timeout=7 s$", line), line
 
 
 def test_nodes_that_resolved_different_jobs_refuse_to_start(tmp_path: Path) -> None:
