@@ -189,6 +189,12 @@ def show_plan(inv: Invocation) -> int:
     from elastic_hydra import render
 
     render.print_plan(plan, run_dir_hint=f"{ctx.run_dir} (created at launch)")
+    if plan.nnodes.min != plan.nnodes.max and plan.restart.max_restarts == 0:
+        print(
+            f"note: nnodes={plan.nnodes} with restarts off (restart.max_restarts=0): a node lost "
+            "mid-run ends the job, as its survivors' workers fail with it; for an elastic job "
+            "pick restart=on_failure or restart=backoff"
+        )
     own = len(cfg.get("args") or []) - len(inv.script_args or ())
     if inv.script_args and own > 0:
         print(
