@@ -378,6 +378,10 @@ def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
             ) from None
     if not verbose:  # our one-line errors say what failed; torch's warnings repeat it
         logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        if backend is DynamicBackend.ETCD:  # sets its own logger to INFO, on stderr, at import
+            from torch.distributed.elastic.rendezvous import etcd_rendezvous
+
+            etcd_rendezvous.logger.setLevel(logging.ERROR)
     return RendezvousParameters, get_rendezvous_handler
 
 

@@ -60,6 +60,8 @@ def test_two_nodes_of_two_workers(
     assert sorted(r["group_rank"] for r in records) == [0, 0, 1, 1]
     for record in records:
         assert record["group_rank"] == record["rank"] // 2  # contiguous ranks per node
+    for agent in j.agents:  # torch's own INFO logging stays out of the console
+        assert not [ln for ln in agent.text().splitlines() if ln.startswith("INFO ")], agent.text()
         assert record["group_world_size"] == 2
         assert record["run_id"] == j.run_id
         assert record["restart_count"] == 0
