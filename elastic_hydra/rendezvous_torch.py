@@ -83,7 +83,19 @@ class TorchRendezvous:
         if state is not None and state.closed:
             return Change(kind=ChangeKind.CLOSED, reason="another node ended the job")
         if waiting:
-            return Change(kind=ChangeKind.JOINED, reason=f"{waiting} node(s) waiting to join")
+            # Members waiting again restarted their workers (a failure there, or they saw the
+            # change first); any other waiting node is new.
+            back = set(getattr(state, "wait_list", ())) & self._members
+            new = waiting - len(back)
+            reason = (
+                f"{new} new node(s) waiting to join"
+                if new > 0
+                else f"{', '.join(sorted(_node_name(n) for n in back))} restarted its workers: "
+                "a new round for every node"
+            )
+            return Change(
+                kind=ChangeKind.JOINED, reason=reason, nodes=new if new > 0 else len(back)
+            )
         if state is None:
             return None  # legacy etcd keeps no heartbeats: a departure shows as worker failures
         # Syncing drops nodes whose last heartbeat is older than the departure bound (this node

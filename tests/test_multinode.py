@@ -96,7 +96,9 @@ def test_a_node_joining_mid_run_grows_the_world_without_a_restart(tmp_path: Path
     ]  # fmt: skip
     first, second, _ = j.agents
     for agent in (first, second):
-        assert membership(agent.events(), "joined"), agent.events()
+        joined = membership(agent.events(), "joined")
+        assert joined and joined[0]["reason"] == "1 new node(s) waiting to join", joined
+        assert joined[0]["nodes"] == 1, joined
         summary = agent.summary()
         # The group started again when the third node joined: one more attempt, no restart.
         assert (summary["attempts"], summary["restarts"]) == (2, 0), summary
@@ -157,6 +159,12 @@ def test_a_worker_failure_on_one_node_restarts_the_job_on_every_node(tmp_path: P
     # re-joined for free.
     assert [a.summary()["attempts"] for a in j.agents] == [2, 2]
     assert sorted(a.summary()["restarts"] for a in j.agents) == [0, 1]
+    # The other node says what happened: a peer restarted, not a new node joining.
+    (other,) = [a for a in j.agents if a.summary()["restarts"] == 0]
+    joined = membership(other.events(), "joined")
+    assert joined and joined[0]["reason"].endswith(
+        "restarted its workers: a new round for every node"
+    ), joined
 
 
 def test_every_node_names_the_job_wide_root_cause(tmp_path: Path) -> None:
