@@ -162,7 +162,7 @@ def test_a_worker_failure_on_one_node_restarts_the_job_on_every_node(tmp_path: P
     # The other node says what happened: a peer restarted, not a new node joining.
     (other,) = [a for a in j.agents if a.summary()["restarts"] == 0]
     joined = membership(other.events(), "joined")
-    assert joined and joined[0]["reason"].endswith(
+    assert joined and str(joined[0]["reason"]).endswith(
         "restarted its workers: a new round for every node"
     ), joined
 
