@@ -26,7 +26,7 @@ ROLE_INFO = "torchelastic/role_info/"
 ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
 EXIT_BARRIER = "torchelastic/agent/terminal_state"
 NODE_FACTS = "elastic_hydra/node/"  # per round: each node's config hash and Slurm node id
-_HASH = re.compile(r"[0-9a-f]{1,64}")
+_HASH = re.compile(r"[0-9a-f]{0,64}")  # empty: a plan made without a config
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +79,12 @@ def ordered_rank(facts: Mapping[int, NodeFacts], rank: int) -> int:
 
 
 def config_mismatch(facts: Mapping[int, NodeFacts], rank: int) -> int | None:
-    """The first node whose config differs from this node's, or None."""
+    """The first node whose config differs from this node's, or None (nodes without a config
+    hash are not compared)."""
     mine = facts[rank].config
-    return next((i for i, f in sorted(facts.items()) if f.config != mine), None)
+    return next(
+        (i for i, f in sorted(facts.items()) if mine and f.config and f.config != mine), None
+    )
 
 
 def assign_ranks(
