@@ -22,6 +22,7 @@ from elastic_hydra.argv import Invocation, parse_argv
 from elastic_hydra.config_errors import explain
 from elastic_hydra.errors import EXIT_CONFIG, EXIT_WORKERS_FAILED, ConfigError, ElasticHydraError
 from elastic_hydra.jobfile import check_job_file
+from elastic_hydra.plan import Dynamic, DynamicBackend
 from elastic_hydra.records import JobResult, RunSummary
 from elastic_hydra.rundir import RunDir
 
@@ -189,11 +190,17 @@ def show_plan(inv: Invocation) -> int:
     from elastic_hydra import render
 
     render.print_plan(plan, run_dir_hint=f"{ctx.run_dir} (created at launch)")
-    if plan.nnodes.min != plan.nnodes.max and plan.restart.max_restarts == 0:
+    rdzv, elastic = plan.rdzv, plan.nnodes.min != plan.nnodes.max
+    if (
+        elastic
+        and isinstance(rdzv, Dynamic)
+        and rdzv.backend is DynamicBackend.C10D
+        and (rdzv.is_host is not False)
+    ):
         print(
-            f"note: nnodes={plan.nnodes} with restarts off (restart.max_restarts=0): a node lost "
-            "mid-run ends the job, as its survivors' workers fail with it; for an elastic job "
-            "pick restart=on_failure or restart=backoff"
+            f"note: nnodes={plan.nnodes} with the c10d store in an agent: losing the node that "
+            "hosts it ends the job on every node; run the store apart (elastic-hydra "
+            "rdzv-server, then rdzv.is_host=false) or use rdzv=etcd-v2"
         )
     own = len(cfg.get("args") or []) - len(inv.script_args or ())
     if inv.script_args and own > 0:

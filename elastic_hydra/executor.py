@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import enum
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from elastic_hydra import policy
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, root_cause
-from elastic_hydra.plan import Action, LaunchPlan, Standalone, Static
+from elastic_hydra.plan import Action, Dynamic, LaunchPlan, Standalone, Static
 from elastic_hydra.records import describe_returncode
 from elastic_hydra.seams import (
     ChangeKind,
@@ -73,6 +73,7 @@ class Executor:
         # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
+        self.elastic = not fixed and plan.nnodes.min < plan.nnodes.max
 
     def run(self) -> RunOutcome:
         """Rendezvous, start, monitor and restart until success, final failure or a signal."""
@@ -132,6 +133,8 @@ class Executor:
                 self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
                 return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
             if failed := [r for r in records if r.failed]:
+                if self.elastic and (lost := self._node_lost(failed)) is not None:
+                    return lost
                 for record in failed:
                     self.rdzv.publish_failure(record)
                 first = failed[0]
@@ -141,6 +144,26 @@ class Executor:
                 return _Ended.SUCCEEDED, "all workers exited with code 0"
             if self.check_every is not None and (ended := self._membership()) is not None:
                 return ended
+
+    def _node_lost(self, failed: list[WorkerExit]) -> tuple[_Ended, str] | None:
+        """In an elastic job, a node that dies breaks the others' collectives: their workers
+        fail before the missing heartbeats tell. Wait that long for the rendezvous to say so;
+        if it does, the failures were its collateral: no restart is spent and none of them is
+        the root cause. A real failure here waits as long before it counts."""
+        assert isinstance(self.plan.rdzv, Dynamic)
+        spec = self.plan.rdzv
+        deadline = self.clock.mono() + spec.departure_bound + spec.keep_alive_interval + 1
+        while self.stop_request.signum is None and self.clock.mono() < deadline:
+            if (ended := self._membership()) is not None:
+                collateral = {id(r) for r in failed}
+                self.state.exits = [
+                    replace(e, after_node_loss=True) if id(e) in collateral else e
+                    for e in self.state.exits
+                ]
+                ranks = ",".join(str(r.rank) for r in failed)
+                return ended[0], f"{ended[1]} (rank(s) {ranks} failed with it)"
+            self.clock.sleep(self.plan.monitor_interval)
+        return None
 
     def _membership(self) -> tuple[_Ended, str] | None:
         try:

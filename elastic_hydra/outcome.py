@@ -28,10 +28,11 @@ class WorkerExit:
     attempt: int  # its group's start: 0, 1, ... (after failures and membership changes alike)
     restart_count: int = 0  # restarts for failures before its start
     terminated_by_launcher: bool = False
+    after_node_loss: bool = False  # failed because a node of the job died (a broken collective)
 
     @property
     def failed(self) -> bool:
-        return self.returncode != 0 and not self.terminated_by_launcher
+        return self.returncode != 0 and not self.terminated_by_launcher and not self.after_node_loss
 
 
 def root_cause(exits: Iterable[WorkerExit]) -> WorkerExit | None:

@@ -171,6 +171,7 @@ class FailureRecord(_Record):
     exit: str = ""  # the return code, explained
     time: float  # when it failed (wall clock)
     terminated_by_launcher: bool = False
+    after_node_loss: bool = False  # collateral of a node that died: never the root cause
     source: str = "none"  # "exception", "error_file", "crash", "stderr", "none"
     message: str = ""
     traceback: tuple[dict[str, Any], ...] = ()  # tracebacks.to_json
@@ -185,7 +186,7 @@ class FailureRecord(_Record):
 
     @property
     def failed(self) -> bool:
-        return not self.terminated_by_launcher
+        return not self.terminated_by_launcher and not self.after_node_loss
 
 
 def job_root_cause(records: Iterable[FailureRecord]) -> FailureRecord | None:
@@ -213,6 +214,7 @@ class ExitRecord(_Record):
     attempt: int
     restart_count: int = 0
     terminated_by_launcher: bool = False
+    after_node_loss: bool = False
     signal: str | None = None
     exit: str = ""
 

@@ -280,6 +280,8 @@ def _other_ranks(summary: RunSummary, cause: FailureRecord | None, *, plain: boo
         how = e.exit
         if e.terminated_by_launcher:
             how = f"terminated by launcher ({e.signal or how})"
+        elif e.after_node_loss:
+            how = f"{how}, after a node left the job (collateral)"
         elif e.returncode == 0:
             how = "exited 0"
         table.add_row(str(e.rank), str(e.local_rank), str(e.pid), how)

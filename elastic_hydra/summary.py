@@ -71,6 +71,7 @@ def exit_record(e: WorkerExit) -> ExitRecord:
         attempt=e.attempt,
         restart_count=e.restart_count,
         terminated_by_launcher=e.terminated_by_launcher,
+        after_node_loss=e.after_node_loss,
         signal=told.signal,
         exit=told.explained,
     )
@@ -91,6 +92,7 @@ def failure_record(failure: WorkerFailure) -> FailureRecord:
         exit=told.explained,
         time=failure.time,
         terminated_by_launcher=e.terminated_by_launcher,
+        after_node_loss=e.after_node_loss,
         source=d.source,
         message=d.message,
         traceback=tuple(to_dict(d.stacks)),

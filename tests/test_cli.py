@@ -432,12 +432,12 @@ def test_a_launcher_bug_prints_its_traceback_and_asks_for_a_report(
     assert err.rstrip().endswith("please report it with the traceback above.")
 
 
-def test_plan_warns_of_an_elastic_job_without_restarts(workdir: Path) -> None:
+def test_plan_warns_of_an_elastic_job_whose_store_dies_with_a_node(workdir: Path) -> None:
     shared = ("rdzv=c10d", "rdzv.endpoint=node0:29400", "rdzv.id=job7", "script=train.py")
     risky = run("nnodes=2:4", *shared, "--plan", cwd=workdir)
     assert risky.returncode == 0, risky.stderr
     (note,) = [ln for ln in risky.stdout.splitlines() if ln.startswith("note: nnodes=2:4")]
-    assert "restart=on_failure or restart=backoff" in note
-    for safe in (["nnodes=2:4", "restart=backoff"], ["nnodes=2"]):
+    assert "losing the node that hosts it ends the job" in note and "rdzv-server" in note
+    for safe in (["nnodes=2:4", "rdzv.is_host=false"], ["nnodes=2"]):
         proc = run(*safe, *shared, "--plan", cwd=workdir)
         assert proc.returncode == 0 and "note: nnodes" not in proc.stdout, proc.stderr

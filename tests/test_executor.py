@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,7 +244,7 @@ class FakeRendezvous:
         rounds: list[NodeAssignment | RendezvousError],
         waiting: list[int] | None = None,
         on_join: Any = None,
-        changes: list[Change | RendezvousError | None] | None = None,
+        changes: Sequence[Change | RendezvousError | None] | None = None,
     ) -> None:
         self.rounds = rounds
         joined: list[Change | RendezvousError | None] = [
@@ -742,6 +742,53 @@ def test_a_departed_node_rerendezvous_without_spending_a_restart() -> None:
     assert [c.env["WORLD_SIZE"] for c in h.factory.calls] == ["4", "2"]
     (event,) = h.observer.of(EventKind.MEMBERSHIP)
     assert event == {"change": "left", "reason": "node b left the job", "nodes": 1}
+
+
+def test_workers_that_fail_because_a_node_died_are_its_collateral_in_an_elastic_job() -> None:
+    # Rank 0's collective broke at 1.2 s when node b died; the heartbeats tell 3 polls later.
+    left = Change(kind=ChangeKind.LEFT, reason="node b left the job", nodes=1)
+    rdzv = FakeRendezvous([assignment(nodes=2), assignment(nodes=1)], changes=[None] * 5 + [left])
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=0))  # nnodes=1:2
+    h = harness({0: {0: (1, 1.2)}, 1: ALL_SUCCEED[0]}, plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.SUCCEEDED  # restarts are off, and none was needed
+    assert (outcome.attempts, outcome.restarts) == (2, 0)
+    (broken,) = [e for e in outcome.exits if e.returncode == 1]
+    assert broken.after_node_loss and not broken.failed
+    assert rdzv.published == []  # no node is told of a failure that was not one
+    (event,) = h.observer.of(EventKind.MEMBERSHIP)
+    assert event["change"] == "left"
+    assert EventKind.RESTART not in h.observer.kinds
+
+
+def test_a_real_failure_in_an_elastic_job_counts_once_no_node_left() -> None:
+    rdzv = FakeRendezvous([assignment(nodes=2)])
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=0))
+    h = harness({0: {0: (1, 1.2)}}, plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert outcome.root_cause is not None and outcome.root_cause.rank == 0
+    assert [e.rank for e in rdzv.published] == [0]
+    # It waited for the departure bound (5 s x 3), a heartbeat (5 s) and a second, no more.
+    assert 1.2 + 21 <= h.clock.now - T0 < 1.2 + 21 + 1
+
+
+def test_a_node_loss_below_the_minimum_ends_an_elastic_job_at_once_without_blame() -> None:
+    left = Change(kind=ChangeKind.LEFT, reason="node b left the job", nodes=1)
+    rdzv = FakeRendezvous([assignment(nodes=2)], changes=[None, None, left])
+    plan = dataclasses.replace(
+        make_plan(dynamic=True, restart=RestartSpec(max_restarts=3)), nnodes=NodeRange(min=2, max=3)
+    )
+    h = harness({0: {0: (1, 1.2)}}, plan=plan, rdzv=rdzv)
+    outcome = h.run()
+
+    assert outcome.status is Status.RENDEZVOUS_FAILED and outcome.exit_code == 3
+    assert "fewer than the nnodes minimum 2" in outcome.reason
+    assert outcome.reason.endswith("(rank(s) 0 failed with it)")
+    assert outcome.restarts == 0 and outcome.root_cause is None
+    assert len(h.factory.calls) == 1  # no restart, no wait for join_timeout
 
 
 def test_fewer_nodes_than_the_minimum_stop_the_job_with_the_rendezvous_exit_code() -> None:

@@ -142,6 +142,28 @@ def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
             assert agent.summary()["status"] == "succeeded"
 
 
+def test_survivors_whose_collectives_a_dead_node_broke_spend_no_restart(tmp_path: Path) -> None:
+    # Workers in a collective loop fail the moment a peer dies, before the heartbeats tell: in
+    # an elastic job those failures are the lost node's collateral, not a failure of the job.
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        release = tmp_path / "release"
+        env = {"EXIT_AT_WORLD": "2", "RELEASE": str(release), "LOOP": "1"}
+        overrides = ("nnodes=2:3", "nproc_per_node=1", "rdzv.is_host=false", *FAST)
+        for _ in range(3):
+            j.start(*overrides, "restart.max_restarts=0", env=env)
+        j.wait_world(3, AGENT_DEADLINE)
+        release.touch()
+        os.kill(j.agents[2].proc.pid, signal.SIGKILL)
+        assert j.finish(AGENT_DEADLINE) == [0, 0, -signal.SIGKILL], j.explain()
+
+    check_allreduce(j.world(2), 2)
+    for agent in j.agents[:2]:
+        summary = agent.summary()
+        assert (summary["status"], summary["restarts"]) == ("succeeded", 0), summary
+        broken = [e for e in summary["exits"] if e["returncode"] not in (0, -signal.SIGTERM)]
+        assert broken and all(e["after_node_loss"] for e in broken), summary["exits"]
+
+
 # --------------------------------------------------------------------------------- failures
 def test_a_worker_failure_on_one_node_restarts_the_job_on_every_node(tmp_path: Path) -> None:
     with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:

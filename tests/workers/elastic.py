@@ -5,6 +5,8 @@ Joins the job through env:// (as a torchrun worker), all_reduces RANK + 1 and ap
 - FAIL_RANK=R: rank R raises ValueError("boom from rank R") on its first attempt, after the
   all_reduce, leaving the file `$OUT_DIR/failed`; only workers started after that may exit 0;
 - it exits 0 when WORLD_SIZE == EXIT_AT_WORLD and the file $RELEASE (if set) exists;
+- LOOP=1: it keeps all_reducing meanwhile (every rank leaves together), so a peer that dies
+  makes it fail, as a training loop would;
 - otherwise it waits (at most 120 s) until the launcher stops it for the next round.
 """
 
@@ -38,7 +40,8 @@ def main() -> int:
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    dist.destroy_process_group()
+    if env.get("LOOP") != "1":
+        dist.destroy_process_group()
     record = {
         "rank": rank,
         "world_size": world_size,
@@ -60,6 +63,17 @@ def main() -> int:
         failed_marker.touch()
         raise ValueError(f"boom from rank {rank}")
     deadline = time.monotonic() + 120
+    if (
+        env.get("LOOP") == "1"
+    ):  # collectives until every rank is released (a peer's death breaks them)
+        while time.monotonic() < deadline:
+            done = torch.tensor([float(released(world_size, after_failure))])
+            dist.all_reduce(done, op=dist.ReduceOp.SUM)
+            if int(done.item()) == world_size:
+                dist.destroy_process_group()
+                return 0
+            time.sleep(0.05)
+        return 1
     while time.monotonic() < deadline:
         if released(world_size, after_failure):
             return 0
