@@ -155,6 +155,7 @@ def test_help_mentions_plan_presets_and_examples(workdir: Path) -> None:
     assert "restart: backoff, never, on_failure" in out
     assert "logs: files_only, quiet, tee" in out
     assert "Examples:" in out and "elastic-hydra script=train.py" in out
+    assert "70 a bug in elastic-hydra" in out  # every exit code is listed
 
 
 def test_cfg_job_prints_composed_yaml(workdir: Path) -> None:
