@@ -202,8 +202,11 @@ def make_rendezvous(plan: LaunchPlan, flag: StopFlag, run: RunDir) -> Rendezvous
         record = failure_record(WorkerFailure(exit=exit, detail=detail, host=HOST))
         return {**record.to_json(), "node_rank": node.group_rank}
 
-    say = notices.say if not plan.logs.quiet else lambda _line: None
-    return TorchRendezvous(plan, flag, describe, say)
+    if plan.logs.quiet:
+        return TorchRendezvous(plan, flag, describe)
+    return TorchRendezvous(
+        plan, flag, describe, notices.say, notices.status if notices.live() else None
+    )
 
 
 @contextmanager

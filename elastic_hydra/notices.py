@@ -70,3 +70,14 @@ def colour(stream: TextIO | None = None) -> bool:
 def say(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def status(line: str | None) -> None:
+    """A status line a terminal rewrites in place (None clears it); see `live`."""
+    sys.stderr.write("\r\x1b[2K" + (line or ""))
+    sys.stderr.flush()
+
+
+def live() -> bool:
+    """Whether stderr is a terminal that can rewrite a status line."""
+    return sys.stderr.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")

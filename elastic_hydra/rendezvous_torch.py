@@ -50,6 +50,7 @@ class TorchRendezvous:
         interrupt: StopRequest,
         describe: Callable[[WorkerExit, NodeAssignment], dict[str, Any]],
         say: Callable[[str], None] = lambda _line: None,
+        status: Callable[[str | None], None] | None = None,
     ) -> None:
         assert isinstance(plan.rdzv, Dynamic)
         self.plan = plan
@@ -57,6 +58,7 @@ class TorchRendezvous:
         self.interrupt = interrupt
         self.describe = describe
         self.say = say  # a line on the console while a join waits
+        self.status = status  # on a terminal: a status line rewritten every second instead
         self.where = f"{self.spec.backend.value} rendezvous '{plan.run_id}' at {self.spec.endpoint}"
         self.node: NodeAssignment | None = None
         self.store: Store | None = None  # this round's store
@@ -320,14 +322,24 @@ class TorchRendezvous:
         thread = threading.Thread(target=target, name=f"rendezvous-{what}", daemon=True)
         thread.start()
         started, notice_at = time.monotonic(), WAIT_NOTICES[0]
-        while thread.is_alive():
-            thread.join(0.05)
-            if self.interrupt.signum is not None:
-                raise RendezvousError(f"stopped by a signal during the rendezvous {what}")
-            waited = time.monotonic() - started
-            if what == "join" and waited >= notice_at:
-                self.say(self._still_waiting(waited))
-                notice_at = next(t for t in (*WAIT_NOTICES, notice_at + 60) if t > notice_at)
+        shown = False
+        try:
+            while thread.is_alive():
+                thread.join(0.05)
+                if self.interrupt.signum is not None:
+                    raise RendezvousError(f"stopped by a signal during the rendezvous {what}")
+                waited = time.monotonic() - started
+                if what != "join" or waited < notice_at:
+                    continue
+                if self.status is not None:  # a terminal: one line, updated every second
+                    self.status(self._still_waiting(waited))
+                    shown, notice_at = True, notice_at + 1
+                else:
+                    self.say(self._still_waiting(waited))
+                    notice_at = next(t for t in (*WAIT_NOTICES, notice_at + 60) if t > notice_at)
+        finally:
+            if shown and self.status is not None:
+                self.status(None)
         if error:
             raise error[0]
         return result[0]
