@@ -35,7 +35,7 @@ def main() -> int:
         "pid": os.getpid(),
     }
     out = Path(env["OUT_DIR"]) / f"{attempt}_{rank}.json"
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # jobs of a sweep share OUT_DIR
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, out)
     print(f"rank {rank} on {record['host']}", flush=True)
