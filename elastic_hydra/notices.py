@@ -63,8 +63,7 @@ def colour(stream: TextIO | None = None) -> bool:
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    tty = (stream or sys.stderr).isatty()
-    return tty and os.environ.get("TERM", "") not in ("dumb", "unknown")
+    return _terminal(stream or sys.stderr)
 
 
 def say(line: str) -> None:
@@ -80,4 +79,9 @@ def status(line: str | None) -> None:
 
 def live() -> bool:
     """Whether stderr is a terminal that can rewrite a status line."""
-    return sys.stderr.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")
+    return _terminal(sys.stderr)
+
+
+def _terminal(stream: TextIO) -> bool:
+    """A terminal that understands escape sequences (not TERM=dumb)."""
+    return stream.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")

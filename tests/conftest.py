@@ -11,11 +11,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import psutil
 import pytest
-from slurm_cluster import SlurmCluster, slurm_cluster
+
+if TYPE_CHECKING:  # slurm_cluster uses wait_for from here: imported where it is needed
+    from slurm_cluster import SlurmCluster
 
 T = TypeVar("T")
 
@@ -37,15 +39,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
-    """Poll `predicate` until it returns a truthy value; fail the test after `timeout` seconds."""
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+    detail: Callable[[], str] | None = None,
+) -> T:
+    """Poll `predicate` until it returns a truthy value; fail the test after `timeout` seconds
+    (with `detail()` appended: a log tail, say). `predicate` may raise to give up at once."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            more = f"; {detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{more}")
         time.sleep(interval)
 
 
@@ -88,5 +98,7 @@ def no_leftover_processes() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A real two-node Slurm cluster (nodes n1, n2) for the whole session, stopped at its end."""
+    from slurm_cluster import slurm_cluster
+
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster

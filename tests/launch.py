@@ -8,6 +8,7 @@ minus what a test run or a surrounding launch would leak into it.
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -107,3 +108,32 @@ def started(
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)
+
+
+def on_a_terminal(
+    *args: str, cwd: Path, env: Mapping[str, str], stream: str, timeout: float = TIMEOUT
+) -> tuple[int, bytes]:
+    """`elastic-hydra ARGS` with its `stream` ("stdout" or "stderr") on a pseudo-terminal, the
+    other one discarded: the exit code and everything written to the terminal."""
+    main_fd, term_fd = pty.openpty()
+    out, err = (
+        (term_fd, subprocess.DEVNULL) if stream == "stdout" else (subprocess.DEVNULL, term_fd)
+    )
+    proc = subprocess.Popen([*ELASTIC_HYDRA, *args], cwd=cwd, env=dict(env), stdout=out, stderr=err)
+    os.close(term_fd)
+    output = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(main_fd, 4096)
+            except OSError:  # EIO: every writer is gone
+                break
+            if not chunk:
+                break
+            output += chunk
+        return proc.wait(timeout=timeout), output
+    finally:
+        os.close(main_fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -10,11 +10,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from conftest import wait_for
 
 ETCD_START_TIMEOUT = 20.0
 ETCD_STOP_TIMEOUT = 5.0
@@ -131,24 +132,30 @@ def _start_etcd(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    deadline = time.monotonic() + ETCD_START_TIMEOUT
+
+    def serving() -> str | None:
+        """ "up"; or why to retry on other ports (one was taken); None: not yet. Raises if etcd
+        died otherwise."""
+        if _healthy(client_url):
+            return "up"
+        code = proc.poll()
+        if code is None:
+            return None
+        tail = log_tail(log_path, log_start)
+        if "address already in use" in tail:
+            return f"a port was taken (exit status {code})"
+        raise RuntimeError(
+            f"etcd exited with status {code} before serving on {client_url}; "
+            f"log {log_path} ends with:\n{tail}"
+        )
+
     try:
-        while not _healthy(client_url):
-            code = proc.poll()
-            if code is not None:
-                tail = log_tail(log_path, log_start)
-                if "address already in use" in tail:
-                    return proc, client_port, f"a port was taken (exit status {code})"
-                raise RuntimeError(
-                    f"etcd exited with status {code} before serving on {client_url}; "
-                    f"log {log_path} ends with:\n{tail}"
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"etcd did not serve on {client_url} within {ETCD_START_TIMEOUT} s; "
-                    f"log {log_path} ends with:\n{log_tail(log_path, log_start)}"
-                )
-            time.sleep(_POLL_INTERVAL)
+        state = wait_for(
+            serving, ETCD_START_TIMEOUT, f"etcd to serve on {client_url}", _POLL_INTERVAL,
+            detail=lambda: f"log {log_path} ends with:\n{log_tail(log_path, log_start)}",
+        )  # fmt: skip
+        if state != "up":
+            return proc, client_port, state
     except BaseException:
         stop_group(proc)
         raise

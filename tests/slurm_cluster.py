@@ -18,12 +18,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conftest import wait_for
 from servers import free_ports, log_tail, stop_group
 
 START_TIMEOUT = 30.0
@@ -169,25 +169,20 @@ def _kill_namespace_members(namespaces: set[str], timeout: float = STOP_TIMEOUT)
     namespaces.discard(_uts_namespace(os.getpid()) or "")
     if not namespaces:
         return
-    deadline = time.monotonic() + timeout
-    while True:
-        members = [
-            int(entry.name)
-            for entry in Path("/proc").iterdir()
-            if entry.name.isdigit() and _uts_namespace(int(entry.name)) in namespaces
-        ]
+
+    def all_gone() -> bool:
+        """SIGKILL the members still there; True once only zombies (or none) are left."""
         alive = []
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-                if state != "Z":
-                    alive.append(pid)
-        if not alive:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes of the Slurm test cluster would not end: {alive}")
-        time.sleep(_POLL_INTERVAL)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or _uts_namespace(int(entry.name)) not in namespaces:
+                continue
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                if (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+                    alive.append(entry.name)
+        return not alive
+
+    wait_for(all_gone, timeout, "the Slurm test cluster's processes to end", _POLL_INTERVAL)
 
 
 @contextlib.contextmanager
@@ -290,21 +285,20 @@ def _munged(binaries: Mapping[str, str], err_path: Path) -> Iterator[None]:
             extra_groups=[],
             start_new_session=True,
         )
+
+    def answers() -> bool:
+        if (code := proc.poll()) is not None:
+            raise RuntimeError(
+                f"munged exited with status {code}: {log_tail(err_path).strip()}; "
+                f"log {log_path} ends with:\n{log_tail(log_path)}"
+            )
+        return _munge_works(binaries)
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _munge_works(binaries):
-            code = proc.poll()
-            if code is not None:
-                raise RuntimeError(
-                    f"munged exited with status {code}: {log_tail(err_path).strip()}; "
-                    f"log {log_path} ends with:\n{log_tail(log_path)}"
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"munged did not answer within {START_TIMEOUT} s; "
-                    f"log {log_path} ends with:\n{log_tail(log_path)}"
-                )
-            time.sleep(_POLL_INTERVAL)
+        wait_for(
+            answers, START_TIMEOUT, "munged to answer", _POLL_INTERVAL,
+            detail=lambda: f"log {log_path} ends with:\n{log_tail(log_path)}",
+        )  # fmt: skip
         yield
     finally:
         stop_group(proc, STOP_TIMEOUT)
@@ -417,44 +411,36 @@ def _wait_until_ready(
     cluster: SlurmCluster, daemons: Mapping[str, tuple[subprocess.Popen[bytes], Path]]
 ) -> None:
     """Poll sinfo until every node is idle; fail with the logs if a daemon dies or time runs out."""
-    deadline = time.monotonic() + START_TIMEOUT
     states: dict[str, str] = {}
-    last_error = ""
-    while True:
+
+    def idle() -> bool:
         for name, (proc, log_path) in daemons.items():
-            code = proc.poll()
-            if code is not None:
+            if (code := proc.poll()) is not None:
                 raise RuntimeError(
                     f"{name} exited with status {code} while the Slurm test cluster started; "
                     f"log {log_path} ends with:\n{log_tail(log_path)}"
                 )
-        try:
-            states = cluster.node_states()
-            last_error = ""
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            last_error = str(exc)
-        if all(states.get(node) == "idle" for node in cluster.nodes):
-            return
-        if time.monotonic() > deadline:
-            logs = "\n".join(
-                f"--- {log_path} ---\n{log_tail(log_path)}" for _, log_path in daemons.values()
-            )
-            raise RuntimeError(
-                f"the Slurm test cluster's nodes were not idle within {START_TIMEOUT} s "
-                f"(states {states}{'; ' + last_error if last_error else ''}):\n{logs}"
-            )
-        time.sleep(_POLL_INTERVAL)
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            states.update(cluster.node_states())
+        return all(states.get(node) == "idle" for node in cluster.nodes)
+
+    def logs() -> str:
+        tails = (f"--- {path} ---\n{log_tail(path)}" for _, path in daemons.values())
+        return f"node states {states}:\n" + "\n".join(tails)
+
+    wait_for(idle, START_TIMEOUT, "the Slurm test cluster's nodes to be idle", _POLL_INTERVAL, logs)
 
 
 def _cancel_jobs(cluster: SlurmCluster) -> None:
     """Cancel every job still known and wait until squeue lists none (best effort)."""
-    deadline = time.monotonic() + JOBS_END_TIMEOUT
-    with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-        while ids := cluster.job_ids():
+
+    def none_left() -> bool:
+        if ids := cluster.job_ids():
             cluster.run(["scancel", *ids], timeout=COMMAND_TIMEOUT, check=False)
-            if time.monotonic() > deadline:
-                return
-            time.sleep(_POLL_INTERVAL)
+        return not ids
+
+    with contextlib.suppress(AssertionError, RuntimeError, subprocess.TimeoutExpired):
+        wait_for(none_left, JOBS_END_TIMEOUT, "the jobs to end", _POLL_INTERVAL)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ import psutil
 import pytest
 import yaml  # type: ignore[import-untyped]
 from conftest import ELASTIC_HYDRA, REPO, WORKERS, wait_for
-from launch import launcher_env, run_raw, started
+from launch import launcher_env, on_a_terminal, run_raw, started
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -802,33 +802,11 @@ def test_a_sweep_run_by_another_process_reports_each_jobs_true_outcome(tmp_path:
 def test_rank_prefixes_are_coloured_on_a_terminal_unless_no_color(
     tmp_path: Path, no_color: bool
 ) -> None:
-    import pty
-
-    main_fd, term_fd = pty.openpty()
     env = {k: v for k, v in launcher_env().items() if k not in ("NO_COLOR", "FORCE_COLOR")}
     if no_color:
         env["NO_COLOR"] = "1"
-    proc = subprocess.Popen(
-        [*ELASTIC_HYDRA, "cmd=echo hello"],
-        cwd=tmp_path, env=env, stdout=term_fd, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    os.close(term_fd)
-    output = b""
-    try:
-        while True:
-            try:
-                chunk = os.read(main_fd, 4096)
-            except OSError:  # EIO: the terminal's other end is closed
-                break
-            if not chunk:
-                break
-            output += chunk
-        assert proc.wait(timeout=60) == 0
-    finally:
-        os.close(main_fd)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    code, output = on_a_terminal("cmd=echo hello", cwd=tmp_path, env=env, stream="stdout")
+    assert code == 0
     assert b"[default0]:" in output and b"hello" in output, output
     assert (b"\x1b[" in output) is not no_color, output
 

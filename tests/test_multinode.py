@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ELASTIC_HYDRA, WORKERS, free_port, wait_for
+from conftest import WORKERS, free_port, wait_for
+from launch import launcher_env, on_a_terminal
 from multinode import FAST, job, rdzv_server
 from servers import EtcdServer, etcd_server
 
@@ -282,40 +282,17 @@ def test_a_join_that_waits_says_for_what_and_how_long(tmp_path: Path) -> None:
 
 
 def test_on_a_terminal_the_wait_is_one_status_line_updated_every_second(tmp_path: Path) -> None:
-    import pty
-
-    main_fd, term_fd = pty.openpty()
-    cmd = [
-        *ELASTIC_HYDRA, f"script={WORKERS / 'idle.py'}", "rdzv=c10d", "nnodes=2",
+    args = [
+        f"script={WORKERS / 'idle.py'}", "rdzv=c10d", "nnodes=2",
         f"rdzv.endpoint=127.0.0.1:{free_port()}", "rdzv.id=wait", "rdzv.join_timeout=8",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_HYDRA", "PYTEST"))}
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env={**env, "TERM": "xterm"}, stdout=subprocess.DEVNULL, stderr=term_fd
-    )
-    os.close(term_fd)
-    output = b""
-    try:
-        while chunk := _read_pty(main_fd):
-            output += chunk
-        assert proc.wait(timeout=60) == 3
-    finally:
-        os.close(main_fd)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    env = {**launcher_env(), "TERM": "xterm"}
+    code, output = on_a_terminal(*args, cwd=tmp_path, env=env, stream="stderr")
+    assert code == 3
     text = output.decode(errors="replace")
     updates = re.findall(r"\r\x1b\[2Kelastic-hydra: waiting for 2 node\(s\).*?: (\d+) s of", text)
     assert len(updates) >= 2 and updates == sorted(updates, key=int), text  # rewritten in place
     assert re.search(r"\r\x1b\[2K(?!elastic-hydra: waiting)", text), text  # cleared at the end
-
-
-def _read_pty(fd: int) -> bytes:
-    """The next output of a pseudo-terminal; b"" once its other end is closed."""
-    try:
-        return os.read(fd, 4096)
-    except OSError:  # EIO: every writer is gone
-        return b""
 
 
 def test_nodes_that_resolved_different_jobs_refuse_to_start(tmp_path: Path) -> None:
