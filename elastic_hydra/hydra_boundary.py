@@ -61,6 +61,26 @@ def register() -> None:
     OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eh.launch", _launch_name, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eh.keys", schema.keys_text, replace=True)  # for --help
+    _plugins_listable()
+
+
+def _plugins_listable() -> None:
+    """Let Hydra's plugin scan find our pool launcher under an editable install too.
+
+    Hydra lists the directories of the `hydra_plugins` namespace (pkgutil); a PEP 660 editable
+    install maps `hydra_plugins.elastic_hydra_pool` through an import hook that cannot be
+    listed, so the plugin's own directory joins the namespace's path (hydra#3252).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("hydra_plugins.elastic_hydra_pool")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    import hydra_plugins
+
+    home = str(Path(next(iter(spec.submodule_search_locations))).parent)
+    if home not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(home)
 
 
 def _launch_name() -> str:
@@ -148,7 +168,7 @@ def run(inv: Invocation, runner: JobRunner) -> list[Any]:
             _run_hydra(
                 args=parser.parse_args(inv.hydra_argv),
                 args_parser=parser,
-                task_function=_hydra_task(inv, runner),
+                task_function=HydraTask(inv, runner),
                 config_path=CONF_PATH,
                 config_name=inv.config_name,
             )
@@ -291,21 +311,32 @@ def _ran_once(inv: Invocation, runner: JobRunner) -> bool:
     return True
 
 
-def _hydra_task(inv: Invocation, runner: JobRunner) -> Callable[[DictConfig], Any]:
-    """The task function Hydra's launchers call, once per job of a sweep."""
+@dataclass(frozen=True, slots=True)
+class HydraTask:
+    """The task function Hydra's launchers call, once per job of a sweep.
 
-    def elastic_hydra_job(cfg: DictConfig) -> Any:
+    A plain picklable object, so launchers that run jobs in other processes (the pool, submitit)
+    carry it there with the standard pickle.
+    """
+
+    inv: Invocation
+    runner: JobRunner
+
+    def __call__(self, cfg: DictConfig) -> Any:
         hc = HydraConfig.get()
-        ctx = _context(hc, inv, Path(hc.runtime.output_dir))
-        return runner(_with_script_args(cfg, inv), ctx, None)
-
-    return elastic_hydra_job
+        ctx = _context(hc, self.inv, Path(hc.runtime.output_dir))
+        return self.runner(_with_script_args(cfg, self.inv), ctx, None)
 
 
 def _via_hydra_main(inv: Invocation, runner: JobRunner) -> None:
     """Outside the supported hydra-core range: the public entry point, argv swapped meanwhile."""
+    job = HydraTask(inv, runner)
+
+    def elastic_hydra_job(cfg: DictConfig) -> Any:  # hydra.main inspects a function's source
+        return job(cfg)
+
     task = hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="config")(
-        _hydra_task(inv, runner)
+        elastic_hydra_job
     )
     saved = sys.argv
     sys.argv = [saved[0] if saved else "elastic-hydra", *inv.hydra_argv]

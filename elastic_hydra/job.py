@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,14 @@ class SweepStopped(BaseException):
     """A signal stopped a launch: the rest of the sweep must not start.
 
     A BaseException, so that Hydra's job runner, which records an Exception and moves on to the
-    next job, lets it through.
+    next job, lets it through. A launcher that ran jobs elsewhere (the pool) hands back what
+    they returned, as `returned`.
     """
 
-    def __init__(self, exit_code: int) -> None:
+    def __init__(self, exit_code: int, returned: Sequence[object] = ()) -> None:
         super().__init__(exit_code)
         self.exit_code = exit_code
+        self.returned = list(returned)
 
 
 def run_command(inv: Invocation) -> int:
@@ -44,7 +47,7 @@ def run_command(inv: Invocation) -> int:
     try:
         returned = hydra_boundary.run(inv, runner)
     except SweepStopped as exc:
-        stopped = exc.exit_code
+        stopped, returned = exc.exit_code, exc.returned
     results = runner.with_returned(returned)
     if inv.multirun or any(r.swept for r in results):
         from elastic_hydra import render

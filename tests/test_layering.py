@@ -57,6 +57,9 @@ ALLOWED: dict[str, set[str]] = {
     "summary": {"outcome", "plan", "records", "tracebacks"},
     "render": {"gpus", "notices", "plan", "records", "redact", "tracebacks"},
     "notices": {"events", "records"},
+    # the pool of a sweep (the Hydra side is the plugin, hydra_plugins.elastic_hydra_pool)
+    "pool": {"errors", "gpus", "records", "rundir", "stopsignals"},
+    "render_pool": {"pool", "records", "render", "tracebacks"},
     "logpump": set(),
     "rundir": set(),
     "bootstrap": set(),  # runs inside the user's interpreter: the standard library only
@@ -87,7 +90,7 @@ HEAVY = ("hydra", "omegaconf", "rich")
 MAY_IMPORT = {
     "hydra": {"argv", "cli", "config_errors", "hydra_boundary", "schema"},
     "omegaconf": {"config_errors", "hydra_boundary", "job", "resolve", "schema"},
-    "rich": {"render"},
+    "rich": {"render", "render_pool"},
     "torch": {"rendezvous_torch", "rdzv_server"},
 }
 
@@ -129,6 +132,18 @@ def test_the_table_checker_sees_imports() -> None:
 def test_hydra_internals_are_imported_by_the_boundary_only() -> None:
     users = {path.stem for path in PACKAGE.glob("*.py") if "hydra._internal" in path.read_text()}
     assert users == {"hydra_boundary"}
+
+
+PLUGIN = REPO / "hydra_plugins" / "elastic_hydra_pool"
+
+
+def test_the_pool_plugin_uses_hydras_public_api_and_imports_lightly() -> None:
+    # Hydra imports every plugin module at each start, whatever the launcher: no internals, and
+    # nothing of ours until a pool sweep runs.
+    assert not [p.name for p in PLUGIN.glob("*.py") if "hydra._internal" in p.read_text()]
+    assert not (REPO / "hydra_plugins" / "__init__.py").exists()  # a namespace package
+    leaked = probe(["hydra_plugins.elastic_hydra_pool.pool_launcher"], ("elastic_hydra", "rich"))
+    assert leaked == []
 
 
 def test_the_executor_loads_no_process_machinery() -> None:

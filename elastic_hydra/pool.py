@@ -1,0 +1,350 @@
+"""The pool: a sweep's jobs side by side on one machine, each in its own slot of GPUs and CPUs.
+
+Knows nothing of Hydra: the launcher plugin (`hydra_plugins.elastic_hydra_pool`) turns each job
+of a sweep into a `PoolJob` (the argv of its process and the bytes it reads on stdin). Here the
+slots are planned, a job starts the moment a slot frees (continuous, not in batches), stop
+signals reach every running job, and each job's `result.json` is read back.
+
+Each job is its own process, in its own session (a Ctrl-C on the terminal reaches the pool,
+which forwards it, so a second one still hurries the jobs), and dies with the pool: it arms
+its death signal first thing (see the plugin's job entry).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from elastic_hydra.errors import ConfigError
+from elastic_hydra.gpus import Gpu, WorkerDevices, bind_cpus, format_cpus, split_evenly
+from elastic_hydra.records import JobResult
+from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
+from elastic_hydra.stopsignals import StopFlag, handle_signals
+
+PARENT_ENV = "ELASTIC_HYDRA_POOL_PARENT"  # the pool's pid: a job checks it after arming pdeathsig
+CONSOLE_LOG = "console.log"  # what a job printed (its agent's console), in its run dir
+_TICK = 1.0  # the view's refresh period (elapsed times)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slot:
+    """What one running job owns: its GPUs (by UUID) and its CPUs (None: not bound)."""
+
+    index: int
+    gpus: tuple[Gpu, ...] = ()
+    cpus: tuple[int, ...] | None = None
+    hide_gpus: bool = False  # CPU jobs on a GPU machine see no GPU
+
+    def env(self) -> dict[str, str]:
+        """The job's environment: CUDA_VISIBLE_DEVICES by UUID, so device order cannot swap."""
+        if self.gpus:
+            return {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in self.gpus)}
+        return {"CUDA_VISIBLE_DEVICES": ""} if self.hide_gpus else {}
+
+    def describe(self) -> str:
+        parts = []
+        if self.gpus:
+            parts.append(f"GPU {','.join(str(g.index) for g in self.gpus)}")
+        if self.cpus is not None:
+            parts.append(f"CPU {format_cpus(self.cpus)}")
+        return " · ".join(parts) or f"slot {self.index}"
+
+
+def plan_slots(
+    *,
+    gpus: Sequence[Gpu],
+    cpus: Sequence[int],
+    node_cpus: Callable[[int], Sequence[int]],
+    slots: int | None,
+    gpus_per_job: int | None,
+    cpus_per_job: int | None,
+) -> tuple[Slot, ...]:
+    """The pool's slots: disjoint GPUs and, where there are enough, disjoint CPUs.
+
+    Args:
+        gpus: the usable GPUs (after CUDA_VISIBLE_DEVICES).
+        cpus: this process's CPUs.
+        node_cpus: NUMA node n's CPUs (a slot's CPUs come from its GPUs' node when known).
+        slots: jobs at once; None: as many as fit.
+        gpus_per_job: None: 1 where GPUs are visible, else 0.
+        cpus_per_job: None: an even share of the CPUs; 0: no CPU binding.
+
+    Raises:
+        ConfigError: a count that is negative or does not fit this machine.
+    """
+    per_gpu = (1 if gpus else 0) if gpus_per_job is None else gpus_per_job
+    _check_count("hydra.launcher.gpus_per_job", per_gpu, len(gpus), "GPU", minimum=0)
+    if cpus_per_job is not None:
+        _check_count("hydra.launcher.cpus_per_job", cpus_per_job, len(cpus), "CPU", minimum=0)
+    fits = [len(gpus) // per_gpu] if per_gpu else []
+    if cpus_per_job:
+        fits.append(len(cpus) // cpus_per_job)
+    room = min(fits) if fits else None  # None: nothing bounds it (no GPUs, no CPU shares)
+    count = (room or len(cpus)) if slots is None else slots
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= (room or count):
+        need = ", ".join(
+            f"{count * n} {what}s"
+            for n, what in ((per_gpu, "GPU"), (cpus_per_job or 0, "CPU"))
+            if n
+        )
+        raise ConfigError(
+            "hydra.launcher.slots",
+            "not a number of jobs this machine can run at once"
+            + (f" ({need} needed, {len(gpus)} GPUs and {len(cpus)} CPUs here)" if need else ""),
+            slots,
+            f"expected 1 to {room}, or null for as many as fit" if room else "expected 1 or more",
+        )
+    gpu_shares = [tuple(gpus[i * per_gpu : (i + 1) * per_gpu]) for i in range(count)]
+    cpu_shares = _cpu_shares(gpu_shares, cpus, node_cpus, count, cpus_per_job)
+    return tuple(
+        Slot(index=i, gpus=gpu_shares[i], cpus=cpu_shares[i], hide_gpus=not per_gpu and bool(gpus))
+        for i in range(count)
+    )
+
+
+def _check_count(key: str, value: int, have: int, what: str, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(key, f"not a number of {what}s", value, f"expected {minimum} or more")
+    if value > have:
+        raise ConfigError(
+            key, f"more {what}s than this machine has ({have})", value, f"expected at most {have}"
+        )
+
+
+def _cpu_shares(
+    gpu_shares: Sequence[tuple[Gpu, ...]],
+    cpus: Sequence[int],
+    node_cpus: Callable[[int], Sequence[int]],
+    count: int,
+    cpus_per_job: int | None,
+) -> list[tuple[int, ...] | None]:
+    """Each slot's CPUs: its GPUs' NUMA node first; None (not bound) when shares would overlap."""
+    if cpus_per_job == 0 or len(cpus) < count:
+        return [None] * count
+    workers = [WorkerDevices(own=share[0] if share else None) for share in gpu_shares]
+    shares = [w.cpus or () for w in bind_cpus(workers, cpus, node_cpus)]
+    if cpus_per_job is None:
+        return list(shares)
+    if all(len(s) >= cpus_per_job for s in shares):
+        return [s[:cpus_per_job] for s in shares]
+    return [c[:cpus_per_job] for c in split_evenly(cpus, count)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolJob:
+    """One job of the sweep, ready to start."""
+
+    number: int  # Hydra's job number (hydra.job.num)
+    overrides: tuple[str, ...]
+    argv: tuple[str, ...]
+    stdin: bytes  # what its process reads first (the job, pickled by the plugin)
+    run_dir: Path
+
+
+class State(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class JobRow:
+    """One job's progress, as the view shows it."""
+
+    job: PoolJob
+    state: State = State.QUEUED
+    slot: Slot | None = None
+    started: float | None = None
+    ended: float | None = None
+    result: JobResult | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def elapsed(self, now: float) -> float | None:
+        if self.started is None:
+            return None
+        return (self.ended if self.ended is not None else now) - self.started
+
+
+class PoolView(Protocol):
+    """What shows the pool's progress (a live table on a terminal, lines elsewhere)."""
+
+    def started(self, row: JobRow) -> None: ...
+
+    def ended(self, row: JobRow) -> None: ...
+
+    def tick(self, rows: Sequence[JobRow], now: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolOutcome:
+    rows: tuple[JobRow, ...]
+    signum: int | None  # the stop signal that ended the sweep early, if any
+
+
+def run_pool(
+    jobs: Sequence[PoolJob],
+    slots: Sequence[Slot],
+    *,
+    view: PoolView,
+    stagger: float = 0.0,
+    environ: Mapping[str, str] | None = None,
+    signum: int | None = None,
+) -> PoolOutcome:
+    """Run `jobs` on `slots`, each starting as soon as a slot is free (and `stagger` seconds
+    after the previous start); a stop signal stops every running job and starts no other.
+
+    Args:
+        signum: a stop signal received before the pool started: nothing starts.
+    """
+    rows = [JobRow(job=j) for j in jobs]
+    flag = StopFlag(signum)
+    try:
+        with handle_signals(flag):
+            env = dict(os.environ if environ is None else environ)
+            _Dispatch(rows, slots, view=view, stagger=stagger, environ=env, flag=flag).run()
+    finally:
+        flag.close()
+    return PoolOutcome(rows=tuple(rows), signum=flag.signum)
+
+
+class _Dispatch:
+    def __init__(
+        self,
+        rows: list[JobRow],
+        slots: Sequence[Slot],
+        *,
+        view: PoolView,
+        stagger: float,
+        environ: dict[str, str],
+        flag: StopFlag,
+    ) -> None:
+        self.rows, self.view, self.stagger, self.environ, self.flag = (
+            rows, view, stagger, environ, flag,
+        )  # fmt: skip
+        self.queue = deque(rows)
+        self.free = deque(slots)
+        self.running: dict[int, JobRow] = {}  # pidfd -> row
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(flag.read_fd, selectors.EVENT_READ)
+        self.last_start = float("-inf")
+        self.forwarded = 0  # stop signals passed on to the jobs
+
+    def run(self) -> None:
+        try:
+            while self.running or (self.queue and self.flag.signum is None):
+                self._start_due()
+                self._wait(self._timeout())
+                self._forward_stop()
+        finally:
+            self.selector.close()
+
+    def _start_due(self) -> None:
+        while self.queue and self.free and self.flag.signum is None:
+            if time.monotonic() - self.last_start < self.stagger:
+                return
+            self._start(self.queue.popleft(), self.free.popleft())
+
+    def _timeout(self) -> float:
+        if self.queue and self.free and self.flag.signum is None:
+            return max(0.0, self.last_start + self.stagger - time.monotonic())
+        return _TICK
+
+    def _start(self, row: JobRow, slot: Slot) -> None:
+        job = row.job
+        env = {**self.environ, **slot.env(), PARENT_ENV: str(os.getpid())}
+        job.run_dir.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        fd = os.open(job.run_dir / CONSOLE_LOG, flags, PRIVATE_FILE)
+        try:
+            proc = subprocess.Popen(
+                job.argv,
+                stdin=subprocess.PIPE,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        finally:
+            os.close(fd)
+        if slot.cpus is not None:
+            # Before the job reads its stdin, so every thread and process it makes inherits it.
+            os.sched_setaffinity(proc.pid, slot.cpus)
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(job.stdin)
+            proc.stdin.close()
+        except BrokenPipeError:  # it died at once: its exit status tells
+            pass
+        row.state, row.slot, row.started, row._proc = State.RUNNING, slot, time.monotonic(), proc
+        self.last_start = row.started
+        pidfd = os.pidfd_open(proc.pid)
+        self.running[pidfd] = row
+        self.selector.register(pidfd, selectors.EVENT_READ)
+        self.view.started(row)
+
+    def _wait(self, timeout: float) -> None:
+        for key, _ in self.selector.select(timeout):
+            if key.fd == self.flag.read_fd:
+                self.flag.drain()
+            else:
+                self._reap(key.fd)
+        self.view.tick(self.rows, time.monotonic())
+
+    def _reap(self, pidfd: int) -> None:
+        row = self.running.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        assert row._proc is not None and row.slot is not None
+        code = row._proc.wait()
+        row.ended = time.monotonic()
+        row.result = read_result(row.job, 128 - code if code < 0 else code)
+        row.state = _state(row.result.exit_code)
+        self.free.append(row.slot)
+        self.view.ended(row)
+
+    def _forward_stop(self) -> None:
+        """Each stop signal the pool gets reaches every running job (a second one hurries)."""
+        while self.forwarded < self.flag.count and self.flag.signum is not None:
+            self.forwarded += 1
+            for row in self.running.values():
+                assert row._proc is not None
+                row._proc.send_signal(self.flag.signum)
+
+
+def _state(exit_code: int) -> State:
+    if exit_code == 0:
+        return State.SUCCEEDED
+    return State.STOPPED if exit_code > 128 else State.FAILED
+
+
+def read_result(job: PoolJob, code: int) -> JobResult:
+    """The job's result.json; a result made from its exit status when it wrote none."""
+    path = job.run_dir / "result.json"
+    try:
+        return JobResult.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    how = (
+        f"killed by {signal.Signals(code - 128).name}"
+        if 128 < code < 128 + signal.NSIG
+        else f"exit code {code}"
+    )
+    return JobResult(
+        overrides=job.overrides,
+        exit_code=code,
+        run_dir=str(job.run_dir),
+        message=f"its process ended ({how}) without a result; see {CONSOLE_LOG}" if code else "",
+        swept=True,
+    )

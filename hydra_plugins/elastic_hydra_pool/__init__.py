@@ -1,0 +1,1 @@
+"""elastic-hydra's pool launcher for Hydra sweeps: `elastic-hydra -m hydra/launcher=pool ...`."""
