@@ -191,6 +191,29 @@ class PoolView(Protocol):
 class PoolOutcome:
     rows: tuple[JobRow, ...]
     signum: int | None  # the stop signal that ended the sweep early, if any
+    origin: float  # when the pool started (monotonic)
+    slots: int
+
+    def to_json(self) -> dict[str, object]:
+        """pool.json: which job ran in which slot, when (seconds from the pool's start)."""
+
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - self.origin, 4)
+
+        jobs = [
+            {
+                "number": r.job.number,
+                "overrides": list(r.job.overrides),
+                "state": r.state.value,
+                "slot": None if r.slot is None else r.slot.index,
+                "where": None if r.slot is None else r.slot.describe(),
+                "start_s": since(r.started),
+                "end_s": since(r.ended),
+                "exit_code": None if r.result is None else r.result.exit_code,
+            }
+            for r in self.rows
+        ]
+        return {"slots": self.slots, "signal": self.signum, "jobs": jobs}
 
 
 def run_pool(
@@ -209,6 +232,7 @@ def run_pool(
         signum: a stop signal received before the pool started: nothing starts.
     """
     rows = [JobRow(job=j) for j in jobs]
+    origin = time.monotonic()
     flag = StopFlag(signum)
     try:
         with handle_signals(flag):
@@ -216,7 +240,7 @@ def run_pool(
             _Dispatch(rows, slots, view=view, stagger=stagger, environ=env, flag=flag).run()
     finally:
         flag.close()
-    return PoolOutcome(rows=tuple(rows), signum=flag.signum)
+    return PoolOutcome(rows=tuple(rows), signum=flag.signum, origin=origin, slots=len(slots))
 
 
 class _Dispatch:

@@ -46,27 +46,28 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
     world = f"{plan.nnodes.min * plan.nproc_per_node}"
     if plan.nnodes.min != plan.nnodes.max:
         world += f"..{plan.nnodes.max * plan.nproc_per_node}"
-    table.add_row(
-        "topology",
-        f"{plan.nnodes} node(s) x {plan.nproc_per_node} process(es) = world size {world}",
-    )
-    table.add_row("rendezvous", describe_rdzv(plan))
-    table.add_row("run id", plan.run_id)
-    table.add_row("role", plan.role)
-    table.add_row("restart", describe_restart(plan.restart))
-    table.add_row("stop grace", f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)")
-    table.add_row("command", shlex.join(plan.argv))
-    env = "\n".join(f"{k}={v}" for k, v in redact_env(plan.env)) or "(none)"
-    table.add_row("extra env", env)
+    rows = {
+        "topology": f"{plan.nnodes} node(s) x {plan.nproc_per_node} process(es) "
+        f"= world size {world}",
+        "rendezvous": describe_rdzv(plan),
+        "run id": plan.run_id,
+        "role": plan.role,
+        "restart": describe_restart(plan.restart),
+        "stop grace": f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)",
+        "command": shlex.join(plan.argv),
+        "extra env": "\n".join(f"{k}={v}" for k, v in redact_env(plan.env)) or "(none)",
+    }
     logs = plan.logs
     console_text = "quiet" if logs.quiet else ("tee " if logs.tee else "files only")
     if logs.tee and logs.console_ranks is not None:
         console_text += "local ranks " + ",".join(map(str, sorted(logs.console_ranks)))
     elif logs.tee:
         console_text += f"all ranks, prefix {logs.prefix!r}"
-    table.add_row("console", console_text)
-    table.add_row("devices", describe_devices(plan))
-    table.add_row("run dir", plan.run_dir or run_dir_hint)
+    rows["console"] = console_text
+    rows["devices"] = describe_devices(plan)
+    rows["run dir"] = plan.run_dir or run_dir_hint
+    for what, value in rows.items():  # Text: values are the user's words, never rich markup
+        table.add_row(what, Text(value))
     return table
 
 
@@ -128,16 +129,22 @@ def sweep_table(results: Sequence[JobResult]) -> Table:
     for name in ("#", "overrides", "status", "exit", "attempts", "duration", "run dir"):
         table.add_column(name, overflow="fold")
     for i, r in enumerate(results):
-        status = "[green]ok[/]" if r.exit_code == 0 else "[red]failed[/]"
+        status = (
+            "[green]ok[/]"
+            if r.exit_code == 0
+            else "[yellow]stopped[/]"
+            if r.exit_code > 128
+            else "[red]failed[/]"
+        )
         duration = r.summary.duration_s if r.summary else None
         table.add_row(
             str(i),
-            " ".join(o for o in r.overrides if not o.startswith("args=")) or "(none)",
+            Text(" ".join(o for o in r.overrides if not o.startswith("args=")) or "(none)"),
             status,
             str(r.exit_code),
             str(r.summary.attempts) if r.summary else "-",
             f"{duration:.2f} s" if isinstance(duration, float) else "-",
-            _relative(r.run_dir),
+            Text(_relative(r.run_dir)),
         )
     return table
 
@@ -284,7 +291,7 @@ def _other_ranks(summary: RunSummary, cause: FailureRecord | None, *, plain: boo
             how = f"{how}, after a node left the job (collateral)"
         elif e.returncode == 0:
             how = "exited 0"
-        table.add_row(str(e.rank), str(e.local_rank), str(e.pid), how)
+        table.add_row(str(e.rank), str(e.local_rank), str(e.pid), Text(how))
     return table
 
 
@@ -322,7 +329,7 @@ def attempts_table(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table
                 str(start.get("attempt", start.get("round"))),  # "round" before 0.2
                 f"{start['monotonic'] - t0:.3f}",
                 f"{ev['monotonic'] - start['monotonic']:.3f}",
-                ended or str(reason),
+                Text(ended or str(reason)),
             )
             start = None
     return table
@@ -343,5 +350,5 @@ def timeline(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
     for ev in events:
         data = {k: v for k, v in ev.items() if k not in ("event", "time", "monotonic")}
         details = ", ".join(f"{k}={_short(v)}" for k, v in data.items())
-        table.add_row(f"{ev['monotonic'] - t0:.3f}", str(ev["event"]), details)
+        table.add_row(f"{ev['monotonic'] - t0:.3f}", Text(str(ev["event"])), Text(details))
     return table

@@ -15,6 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from elastic_hydra import tracebacks
 from elastic_hydra.pool import JobRow, PoolJob, PoolView, Slot, State
@@ -146,13 +147,13 @@ def pool_table(
     shown = sorted(rows, key=lambda r: (_SHOWN_FIRST.index(r.state), r.job.number))[:max_rows]
     for row in sorted(shown, key=lambda r: r.job.number):
         elapsed = row.elapsed(now)
-        table.add_row(
+        table.add_row(  # Text: overrides and messages are the user's, never markup
             str(row.job.number),
-            label(row),
-            f"[{_STYLE[row.state]}]{row.state.value}[/]",
+            Text(label(row)),
+            Text(row.state.value, style=_STYLE[row.state]),
             f"{elapsed:.0f} s" if elapsed is not None else "",
-            row.slot.describe() if row.slot else "",
-            result_text(row),
+            Text(row.slot.describe() if row.slot else ""),
+            Text(result_text(row)),
         )
     if len(rows) > len(shown):
         table.add_row("…", f"{len(rows) - len(shown)} more (see the counts below)", "", "", "", "")

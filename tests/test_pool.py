@@ -10,6 +10,7 @@ proven by the sweep finishing at all, not by timing.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -192,6 +193,18 @@ def test_a_stop_signal_reaches_every_running_job_and_starts_no_other(tmp_path: P
     assert not (tmp_path / "started-2").exists()
 
 
+def test_stagger_spaces_the_starts(tmp_path: Path) -> None:
+    jobs = [bare_job(tmp_path, n) for n in range(3)]
+    outcome = run_pool(jobs, (Slot(index=0), Slot(index=1), Slot(index=2)), view=Recorder(),
+                       stagger=0.3)  # fmt: skip
+    starts = [r.started for r in outcome.rows if r.started is not None]
+    assert len(starts) == 3
+    assert all(b - a >= 0.3 for a, b in itertools.pairwise(starts))
+    record: dict[str, Any] = outcome.to_json()
+    assert record["slots"] == 3 and record["signal"] is None
+    assert [j["slot"] for j in record["jobs"]] == [0, 1, 2]
+
+
 def test_a_signal_before_the_pool_starts_starts_nothing(tmp_path: Path) -> None:
     outcome = run_pool([bare_job(tmp_path, 0)], (Slot(index=0),), view=Recorder(), signum=15)
     assert outcome.signum == 15 and outcome.rows[0].state is State.QUEUED
@@ -276,6 +289,9 @@ def test_cpu_jobs_on_two_slots_bound_to_their_cpu_and_a_failure_among_them(
     assert "ok" in table[0] and "failed" in table[1]
     sweep_dir = next((tmp_path / "logs" / "multirun").glob("*/*"))
     assert json.loads((sweep_dir / "1" / "result.json").read_text())["exit_code"] == 1
+    pool_record = json.loads((sweep_dir / "pool.json").read_text())
+    assert [j["exit_code"] for j in pool_record["jobs"]] == [0, 1, 0, 0]
+    assert {j["slot"] for j in pool_record["jobs"]} == {0, 1}
     report = run("report", str(sweep_dir), cwd=tmp_path)
     assert report.returncode == 1 and "failed" in report.stdout
 

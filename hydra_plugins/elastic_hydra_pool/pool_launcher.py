@@ -8,7 +8,7 @@ stop signals are `elastic_hydra.pool`'s; the live view is `elastic_hydra.render_
 
 # No `from __future__ import annotations`: Hydra's plugin scan runs this module before it is in
 # sys.modules, where dataclasses would look string annotations up.
-import logging
+import json
 import os
 import pickle
 import sys
@@ -26,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 if TYPE_CHECKING:
     from elastic_hydra import pool
 
-log = logging.getLogger(__name__)
 JOB_MODULE = "hydra_plugins.elastic_hydra_pool.pool_job"
 
 
@@ -82,14 +81,31 @@ class PoolLauncher(Launcher):
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
         # Imported here: Hydra imports every plugin module at each start, for any launcher.
-        from elastic_hydra import devices, pool, render_pool, stopsignals
+        from elastic_hydra import pool, render_pool, stopsignals
         from elastic_hydra.job import SweepStopped
         from elastic_hydra.rundir import PRIVATE_DIR
 
         assert self.config is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        slots = pool.plan_slots(
+        slots = self._slots()
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        sweep_dir.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        jobs = [self._job(initial_job_idx + i, o, sweep_dir) for i, o in enumerate(job_overrides)]
+        with render_pool.view(jobs, slots, sweep_dir) as shown:
+            outcome = pool.run_pool(
+                jobs, slots, view=shown, stagger=self.stagger, signum=stopsignals.pending_signal()
+            )
+        _save(sweep_dir / "pool.json", outcome.to_json())
+        returns = [self._job_return(row) for row in outcome.rows if row.result is not None]
+        if outcome.signum is not None:
+            raise SweepStopped(128 + outcome.signum, [r.return_value for r in returns])
+        return returns
+
+    def _slots(self) -> "tuple[pool.Slot, ...]":
+        from elastic_hydra import devices, pool
+
+        return pool.plan_slots(
             gpus=devices.visible_gpus(os.environ),
             cpus=devices.allowed_cpus(),
             node_cpus=devices.node_cpus,
@@ -97,27 +113,12 @@ class PoolLauncher(Launcher):
             gpus_per_job=self.gpus_per_job,
             cpus_per_job=self.cpus_per_job,
         )
-        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
-        sweep_dir.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-        jobs = [self._job(initial_job_idx + i, o, sweep_dir) for i, o in enumerate(job_overrides)]
-        with render_pool.view(jobs, slots, sweep_dir) as shown:
-            outcome = pool.run_pool(
-                jobs,
-                slots,
-                view=shown,
-                stagger=self.stagger,
-                signum=stopsignals.pending_signal(),
-            )
-        returns = [self._job_return(row) for row in outcome.rows if row.result is not None]
-        if outcome.signum is not None:
-            raise SweepStopped(128 + outcome.signum, [r.return_value for r in returns])
-        return returns
 
     def _job(self, number: int, overrides: Sequence[str], sweep_dir: Path) -> "pool.PoolJob":
-        from elastic_hydra import pool
-
         """The job's config, composed as Hydra's basic launcher composes it, its run dir fixed
         here (one `${now:}` for the whole sweep), pickled for its process."""
+        from elastic_hydra import pool
+
         assert self.hydra_context is not None and self.config is not None
         assert self.task_function is not None
         config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -148,3 +149,13 @@ class PoolLauncher(Launcher):
         runtime = {"runtime": {"output_dir": str(row.job.run_dir)}}
         ret.hydra_cfg = OmegaConf.create({"hydra": runtime})
         return ret
+
+
+def _save(path: Path, record: dict[str, object]) -> None:
+    from elastic_hydra.notices import warn
+    from elastic_hydra.rundir import write_private
+
+    try:
+        write_private(path, json.dumps(record, indent=2) + "\n")
+    except OSError as exc:  # a full disk: the jobs' own results still count
+        warn(f"cannot write {path.name} ({exc.strerror}: {exc.filename})")
