@@ -64,6 +64,9 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path: Path) -> None:
         for p in (REPO / "conf").rglob("*.yaml")
     }
     assert presets <= names, f"presets missing from the wheel: {sorted(presets - names)}"
+    # The pool launcher, where Hydra's plugin scan looks: in the hydra_plugins namespace.
+    assert "hydra_plugins/elastic_hydra_pool/pool_launcher.py" in names
+    assert "hydra_plugins/__init__.py" not in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert (
         "elastic-hydra = elastic_hydra.entry:main"
@@ -100,6 +103,15 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path: Path) -> None:
         [str(python), "-m", "elastic_hydra", "script=train.py", "rdzv=c10d", "--plan"], work, 60
     )
     assert "c10d at 127.0.0.1:29400" in c10d.stdout
+
+    # Hydra finds the installed pool launcher: a sweep of two jobs side by side.
+    sweep = run(
+        [str(env_dir / "bin" / "elastic-hydra"), "-m", "hydra/launcher=pool", "script=train.py",
+         "+hp.n=1,2", f"logs.root={tmp_path / 'logs'}"],
+        work, 60,
+    )  # fmt: skip
+    assert "elastic-hydra pool: 2 job(s)" in sweep.stdout, sweep.stdout + sweep.stderr
+    assert len(list((tmp_path / "logs").rglob("result.json"))) == 2
 
     version = run([str(python), "-m", "elastic_hydra", "--version"], work, 60)
     assert version.stdout.startswith("elastic-hydra 0.1.0")
