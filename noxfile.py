@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s lint typecheck tests`, and `nox -s bench` for the benchmarks."""
+"""Developer sessions: `nox -s lint typecheck tests`; `nox -s bench bench_pool` benchmark."""
 
 from __future__ import annotations
 
@@ -58,3 +58,11 @@ def bench(session: nox.Session) -> None:
     would run in every worker interpreter of both launchers)."""
     session.install(".", TORCH, "psutil")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench_pool(session: nox.Session) -> None:
+    """One sweep under the pool, Hydra's basic launcher and hydra-joblib-launcher
+    (`nox -s bench_pool`; not part of the default run)."""
+    session.install(".", "psutil", "hydra-joblib-launcher==1.2.0")
+    session.run("python", "benchmarks/sweep_pool.py", *session.posargs)

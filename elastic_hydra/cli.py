@@ -20,7 +20,13 @@ from typing import NoReturn
 from elastic_hydra import hydra_boundary, job, stopsignals
 from elastic_hydra.argv import Invocation, parse_argv
 from elastic_hydra.config_errors import explain
-from elastic_hydra.errors import EXIT_CONFIG, EXIT_WORKERS_FAILED, ConfigError, ElasticHydraError
+from elastic_hydra.errors import (
+    EXIT_BUG,
+    EXIT_CONFIG,
+    EXIT_WORKERS_FAILED,
+    ConfigError,
+    ElasticHydraError,
+)
 from elastic_hydra.jobfile import check_job_file
 from elastic_hydra.plan import Dynamic, DynamicBackend
 from elastic_hydra.records import JobResult, RunSummary
@@ -75,7 +81,7 @@ def _fail_for(exc: Exception, inv: Invocation | None, args: Sequence[str]) -> No
         "please report it with the traceback above.",
         file=sys.stderr,
     )
-    sys.exit(70)
+    sys.exit(EXIT_BUG)
 
 
 def _fail(exc: BaseException, line: str, code: int) -> NoReturn:

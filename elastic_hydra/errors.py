@@ -13,6 +13,7 @@ EXIT_OK = 0
 EXIT_WORKERS_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_RENDEZVOUS = 3
+EXIT_BUG = 70  # a bug in elastic-hydra, and nothing else (sysexits' EX_SOFTWARE)
 
 
 class ElasticHydraError(Exception):

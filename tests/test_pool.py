@@ -122,12 +122,13 @@ while len(sys.argv) > 2 and not os.path.exists(sys.argv[2]):
 
 def bare_job(tmp_path: Path, number: int, wait_for_file: Path | None = None) -> PoolJob:
     marker = tmp_path / f"started-{number}"
-    argv = [sys.executable, "-c", WAITER, str(marker)]
+    argv = [sys.executable, "-c", WAITER, str(marker)] + (
+        [str(wait_for_file)] if wait_for_file else []
+    )
     return PoolJob(
         number=number,
         overrides=(f"+n={number}",),
-        argv=(*argv, str(wait_for_file)) if wait_for_file else tuple(argv),
-        stdin=b"",
+        run=lambda: os.execv(argv[0], argv),
         run_dir=tmp_path / "sweep" / str(number),
     )
 

@@ -39,7 +39,7 @@ def test_plan_shows_script_args_and_env_values_as_typed() -> None:
 def test_sweep_and_pool_tables_show_overrides_and_messages_as_typed() -> None:
     result = JobResult(overrides=(f"+tag={HOSTILE}",), exit_code=1, run_dir="/r", message=HOSTILE)
     assert f"+tag={HOSTILE}" in text_of(render.sweep_table([result])).replace("\n", "")
-    job = PoolJob(number=0, overrides=(f"+tag={HOSTILE}",), argv=(), stdin=b"", run_dir=Path("."))
+    job = PoolJob(number=0, overrides=(f"+tag={HOSTILE}",), run=lambda: 0, run_dir=Path("."))
     row = JobRow(job=job, state=State.FAILED, result=result)
     shown = text_of(render_pool.pool_table([row], 0.0, lambda r: r.job.overrides[0], max_rows=5))
     assert f"+tag={HOSTILE}" in shown and f"exit 1: {HOSTILE}" in shown

@@ -1,32 +1,30 @@
 """`hydra/launcher=pool`: a sweep's jobs side by side on this machine, each on its own GPUs/CPUs.
 
-Hydra finds this plugin in the `hydra_plugins` namespace package. Each job runs in a process
-of its own (`pool_job`): its config is composed here, pickled to the job's stdin, and run there by
-Hydra's `run_job`, as Hydra's basic launcher would run it in this process. Slots, dispatch and
-stop signals are `elastic_hydra.pool`'s; the live view is `elastic_hydra.render_pool`'s.
+Hydra finds this plugin in the `hydra_plugins` namespace package. Each job's config is composed
+here, as Hydra's basic launcher composes it, and the job runs with Hydra's `run_job` in a fork
+of this process. Slots, dispatch and stop signals are `elastic_hydra.pool`'s; the live view is
+`elastic_hydra.render_pool`'s.
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan runs this module before it is in
 # sys.modules, where dataclasses would look string annotations up.
+import functools
 import json
 import os
-import pickle
-import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 if TYPE_CHECKING:
     from elastic_hydra import pool
-
-JOB_MODULE = "hydra_plugins.elastic_hydra_pool.pool_job"
 
 
 @dataclass
@@ -47,15 +45,6 @@ class PoolLauncherConf:
 ConfigStore.instance().store(
     group="hydra/launcher", name="pool", node=PoolLauncherConf, provider="elastic-hydra"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """What a job's process reads on its stdin."""
-
-    task: TaskFunction
-    config: DictConfig
-    context: HydraContext
 
 
 class PoolLauncher(Launcher):
@@ -116,7 +105,7 @@ class PoolLauncher(Launcher):
 
     def _job(self, number: int, overrides: Sequence[str], sweep_dir: Path) -> "pool.PoolJob":
         """The job's config, composed as Hydra's basic launcher composes it, its run dir fixed
-        here (one `${now:}` for the whole sweep), pickled for its process."""
+        here (one `${now:}` for the whole sweep)."""
         from elastic_hydra import pool
 
         assert self.hydra_context is not None and self.config is not None
@@ -127,12 +116,11 @@ class PoolLauncher(Launcher):
             config.hydra.job.num = number
             config.hydra.sweep.dir = str(sweep_dir)
             config.hydra.sweep.subdir = str(config.hydra.sweep.subdir)
-        spec = JobSpec(self.task_function, config, self.hydra_context)
+        run = functools.partial(_run_job, self.hydra_context, self.task_function, config)
         return pool.PoolJob(
             number=number,
             overrides=tuple(overrides),
-            argv=(sys.executable, "-m", JOB_MODULE),
-            stdin=pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL),
+            run=run,
             run_dir=sweep_dir / str(config.hydra.sweep.subdir),
         )
 
@@ -159,3 +147,26 @@ def _save(path: Path, record: dict[str, object]) -> None:
         write_private(path, json.dumps(record, indent=2) + "\n")
     except OSError as exc:  # a full disk: the jobs' own results still count
         warn(f"cannot write {path.name} ({exc.strerror}: {exc.filename})")
+
+
+def _run_job(context: HydraContext, task: TaskFunction, config: DictConfig) -> int:
+    """One job, in its forked process, as Hydra's basic launcher runs it: its exit code."""
+    from elastic_hydra.errors import EXIT_BUG
+    from elastic_hydra.job import SweepStopped
+    from elastic_hydra.records import JobResult
+
+    try:
+        ret = run_job(
+            hydra_context=context,
+            task_function=task,
+            config=config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    except SweepStopped as exc:  # stopped by a signal: its result is written
+        return exc.exit_code
+    if ret.status == JobStatus.FAILED:  # the task raised: a bug, its traceback in console.log
+        traceback.print_exception(ret._return_value)
+        return EXIT_BUG
+    value = ret.return_value
+    return value.exit_code if isinstance(value, JobResult) else 0
