@@ -151,7 +151,7 @@ def pool_table(
             str(row.job.number),
             Text(label(row)),
             Text(row.state.value, style=_STYLE[row.state]),
-            f"{elapsed:.0f} s" if elapsed is not None else "",
+            "" if elapsed is None else f"{elapsed:.{1 if elapsed < 10 else 0}f} s",
             Text(row.slot.describe() if row.slot else ""),
             Text(result_text(row)),
         )
