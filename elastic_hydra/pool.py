@@ -272,10 +272,14 @@ class _Dispatch:
             self.selector.close()
 
     def _start_due(self) -> None:
+        started = False
         while self.queue and self.free and self.flag.signum is None:
             if time.monotonic() - self.last_start < self.stagger:
-                return
+                break
             self._start(self.queue.popleft(), self.free.popleft())
+            started = True
+        if started:  # shown at once: a job may end before the next tick
+            self.view.tick(self.rows, time.monotonic())
 
     def _timeout(self) -> float:
         if self.queue and self.free and self.flag.signum is None:
