@@ -1,8 +1,8 @@
 """Stop signals: recorded from the launcher's first instruction, then routed to the agent.
 
-Before the agent runs, SIGTERM/SIGINT/SIGHUP are only recorded (no KeyboardInterrupt in the middle
-of Hydra's composition); the CLI checks the record before it starts anything, and the agent takes
-it over as its own stop request (`StopFlag`, a `seams.StopRequest`).
+Before the agent runs, SIGTERM/SIGINT/SIGHUP/SIGQUIT are only recorded (no KeyboardInterrupt in
+the middle of Hydra's composition); the CLI checks the record before it starts anything, and the
+agent takes it over as its own stop request (`StopFlag`, a `seams.StopRequest`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from types import FrameType
 
 from elastic_hydra.logpump import drain
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# torchrun's default --signals-to-handle, in its order: each is forwarded to the workers, then
+# the agent exits 128+N (env.SIGNALS_TO_HANDLE tells the workers, as torchrun does).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _received: list[int] = []
 
 

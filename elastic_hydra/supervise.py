@@ -54,8 +54,9 @@ _SETPRIV = shutil.which("setpriv")
 # The death signal is armed by then, but the agent may have died just before: check the parent.
 # Then wait for the agent's go (one line on the gate, stdin): the agent sends it once the guard
 # knows the worker's group and the worker is in the launch's cgroup, so nothing the worker starts
-# can escape either. End of file means the agent died meanwhile.
-_TRAMPOLINE = '[ "$PPID" = "$1" ] && read -r _ || exit 125; shift; exec "$@" </dev/null'
+# can escape either. End of file means the agent died meanwhile. The line is read into a variable
+# of the shell's own (not `_`, which is inherited and exported: the worker would see `_=go`).
+_TRAMPOLINE = '[ "$PPID" = "$1" ] && read -r eh_go || exit 125; shift; exec "$@" </dev/null'
 EXIT_NOT_RELEASED = 125
 
 

@@ -373,7 +373,7 @@ def test_grandchildren_die_when_agent_is_sigkilled(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------- 6 signals
 @pytest.mark.parametrize(
-    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT], ids=lambda s: s.name
 )
 def test_signal_to_agent_stops_everything(tmp_path: Path, sig: signal.Signals) -> None:
     markers = tmp_path / "markers"

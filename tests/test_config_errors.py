@@ -130,18 +130,19 @@ def test_text_values_reach_the_workers_as_typed(
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["train.py"], "script: a bare script path is torchrun's form (got 'train.py'); write "
-         "script=train.py. Its arguments go after --."),
-        (["--nproc-per-node=2", "train.py"], "nproc-per-node: is torchrun's flag (got "
-         "'--nproc-per-node=2'); write nproc_per_node=2. The script's own arguments go after --, "
-         "e.g. script=train.py -- --lr 0.1."),
-        (["--standalone", "train.py"], "--standalone: is torchrun's flag (got '--standalone'); "
-         "write rdzv=standalone (the default)."),
-        (["script=train.py", "--lr", "0.1"], "--lr: not an elastic-hydra flag (got '--lr'); the "
-         "script's own arguments go after --, e.g. script=train.py -- --lr 0.1."),
+        (["script=train.py", "--lr", "0.1"], "--lr: not an elastic-hydra or torchrun flag (got "
+         "'--lr'); the script's own arguments go after the script path (elastic-hydra train.py "
+         "--lr 0.1) or after -- (script=train.py -- --lr 0.1)."),
+        (["--nproc", "2", "train.py"], "--nproc: not an elastic-hydra or torchrun flag (got "
+         "'--nproc'); the script's own arguments go after the script path (elastic-hydra "
+         "train.py --lr 0.1) or after -- (script=train.py -- --lr 0.1). Did you mean "
+         "--nproc-per-node? Abbreviated flags are not accepted."),
+        (["--virtual-local-rank", "train.py"], "--virtual-local-rank: not supported by "
+         "elastic-hydra (got '--virtual-local-rank'); drop it. devices=isolate gives each worker "
+         "only its own GPU (cuda:0) but keeps LOCAL_RANK; index devices with cuda:0 there."),
     ],
 )  # fmt: skip
-def test_torchrun_habits_get_the_spelling_here(
+def test_words_that_are_no_flag_get_one_line(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

@@ -569,7 +569,7 @@ def test_fail_fast_measures_the_runtime_from_the_attempts_start(
 
 # ------------------------------------------------------------------------------------- signals
 @pytest.mark.parametrize(
-    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT], ids=lambda s: s.name
 )
 def test_signal_while_workers_run_stops_them_with_that_signal(sig: signal.Signals) -> None:
     plan = make_plan(restart=RestartSpec(max_restarts=3), stop_grace=12.0)

@@ -16,7 +16,9 @@ Values that differ by design, side by side (torch 2.13, standalone, 2 workers):
     TORCHELASTIC_USE_AGENT_STORE  True                                  False
     TORCHELASTIC_ERROR_FILE       $TMPDIR/torchelastic_*/<id>_*/        <run dir>/attempt_<n>/<lr>/
                                   attempt_<n>/<lr>/error.json           error.json
-    TORCHELASTIC_SIGNALS_TO_HANDLE  leaks from torchrun's agent       not set (not in the contract)
+
+TORCHELASTIC_SIGNALS_TO_HANDLE is no part of torchrun's worker contract (its agent sets it for
+itself and the workers inherit it); ours set it to the same value, the signals the agent handles.
 """
 
 from __future__ import annotations
@@ -54,10 +56,8 @@ EQUAL = (
     "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
     "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )  # fmt: skip
-# Set by torchrun's agent for itself; it leaks into torchrun's workers but is no part of the
-# contract, so it is not required from us.
-TORCHRUN_LEAKS = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
 
 Snapshots = dict[int, dict[str, Any]]
 
@@ -65,7 +65,7 @@ Snapshots = dict[int, dict[str, Any]]
 # ------------------------------------------------------------------------------------------ helpers
 def parent_env(tmp: Path, **extra: str) -> dict[str, str]:
     """This process's environment without anything a launcher sets (OMP_NUM_THREADS included)."""
-    drop = {*CONTRACT, *TORCHRUN_LEAKS, "PYTHON_EXEC", "ELASTIC_HYDRA_FULL_ERROR"}
+    drop = {*CONTRACT, "PYTHON_EXEC", "ELASTIC_HYDRA_FULL_ERROR"}
     env = {
         k: v
         for k, v in os.environ.items()
@@ -153,7 +153,7 @@ def test_nothing_torchrun_adds_is_missing_from_ours(two_workers: dict[str, Snaps
     for rank, snap in two_workers["torchrun"].items():
         added = {k for k, v in snap["env"].items() if snap["parent_env"].get(k) != v}
         ours = set(two_workers["ours"][rank]["env"])
-        assert added - TORCHRUN_LEAKS - {"TMPDIR"} <= ours
+        assert added - {"TMPDIR"} <= ours
 
 
 def test_equal_variables_are_equal(two_workers: dict[str, Snapshots]) -> None:
@@ -168,6 +168,7 @@ def test_equal_variables_are_equal(two_workers: dict[str, Snapshots]) -> None:
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "OMP_NUM_THREADS": "1",  # unset in the parent and nproc > 1
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
     }
     for rank in (0, 1):
         theirs, ours = two_workers["torchrun"][rank]["env"], two_workers["ours"][rank]["env"]
@@ -223,10 +224,15 @@ def test_agent_store_flag_differs_by_design(two_workers: dict[str, Snapshots]) -
         assert two_workers["ours"][rank]["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 
-def test_agent_only_variables_do_not_reach_our_workers(two_workers: dict[str, Snapshots]) -> None:
-    assert "TORCHELASTIC_SIGNALS_TO_HANDLE" in two_workers["torchrun"][0]["env"]  # the leak
-    for rank in (0, 1):
-        assert not TORCHRUN_LEAKS & set(two_workers["ours"][rank]["env"])
+def test_signals_to_handle_names_the_signals_the_agent_handles(
+    two_workers: dict[str, Snapshots],
+) -> None:
+    # torchrun's agent exports its --signals-to-handle; ours handles the same four signals.
+    from elastic_hydra.stopsignals import STOP_SIGNALS
+
+    ours = ",".join(sig.name for sig in STOP_SIGNALS)
+    for kind, rank, env in both(two_workers):
+        assert env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == ours, f"{kind} rank {rank}"
 
 
 def test_omp_num_threads_is_not_set_for_one_worker(one_worker: dict[str, Snapshots]) -> None:
