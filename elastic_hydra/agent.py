@@ -24,6 +24,7 @@ from elastic_hydra.env import WorkerFiles, worker_env
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.events import Event, EventKind
 from elastic_hydra.executor import Executor
+from elastic_hydra.hang_watch import JobShare, LocalHangWatch
 from elastic_hydra.logpump import ConsoleSink
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.plan import Dynamic, LaunchPlan
@@ -139,6 +140,8 @@ class LocalWorkerFactory:
             config_path=str(self.run.config),
             error_file=str(self.run.error_file(attempt, local_rank)),
             fault_file=str(self.run.fault_file(attempt, local_rank)),
+            stacks_file=str(self.run.stacks_file(attempt, local_rank)),
+            progress_file=str(self.run.progress_file(attempt, local_rank)),
         )
         rank = node.base_rank + local_rank
         ranks = self.plan.logs.console_ranks
@@ -207,6 +210,13 @@ def make_rendezvous(plan: LaunchPlan, flag: StopFlag, run: RunDir) -> Rendezvous
     return TorchRendezvous(
         plan, flag, describe, notices.say, notices.status if notices.live() else None
     )
+
+
+def _job_share(rdzv: Rendezvous) -> JobShare | None:
+    """The store other nodes share hangs through (a torch rendezvous's); None on one node."""
+    from elastic_hydra.rendezvous_torch import TorchRendezvous
+
+    return rdzv if isinstance(rdzv, TorchRendezvous) else None
 
 
 @contextmanager
@@ -340,6 +350,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
                 clock=RealClock(flag),
                 observer=events,
                 stop=flag,
+                hang=LocalHangWatch(plan, run_dir, HOST, job=_job_share(rdzv)),
             ).run()
             ended = rdzv.end(outcome.status, events)
             job_failures = _job_failures(ended)

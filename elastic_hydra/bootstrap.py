@@ -13,10 +13,18 @@ On an uncaught exception it writes `TORCHELASTIC_ERROR_FILE` in torch's `@record
 key `elastic_hydra`, prints the traceback as Python would (without this file's or runpy's frames)
 and exits with code 1. faulthandler writes the Python stack of a crash (SIGSEGV, SIGABRT, SIGFPE,
 SIGBUS, SIGILL) to `ELASTIC_HYDRA_FAULT_FILE`.
+
+For the agent's hang detection and `elastic-hydra stacks`: faulthandler dumps every thread's
+stack to `ELASTIC_HYDRA_STACKS_FILE` on the signal `ELASTIC_HYDRA_STACKS_SIGNAL` (from C: it
+needs no GIL, so a rank stuck in a C call that holds it still answers), and a daemon thread
+looks at the main thread's stack every `ELASTIC_HYDRA_PROGRESS_EVERY` seconds, writing the time
+to `ELASTIC_HYDRA_PROGRESS_FILE` each time it changed. These variables are taken out of the
+script's environment.
 """
 
 from __future__ import annotations
 
+import _thread
 import builtins
 import faulthandler
 import importlib.machinery
@@ -33,6 +41,11 @@ if TYPE_CHECKING:
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 FAULT_FILE_ENV = "ELASTIC_HYDRA_FAULT_FILE"
 STORE_FD_ENV = "ELASTIC_HYDRA_STORE_FD"
+STACKS_FILE_ENV = "ELASTIC_HYDRA_STACKS_FILE"
+STACKS_SIGNAL_ENV = "ELASTIC_HYDRA_STACKS_SIGNAL"
+PROGRESS_FILE_ENV = "ELASTIC_HYDRA_PROGRESS_FILE"
+PROGRESS_EVERY_ENV = "ELASTIC_HYDRA_PROGRESS_EVERY"
+_stacks: object = None  # the stacks file: faulthandler writes to it for the worker's lifetime
 
 # Frames of the bootstrap itself: runpy's code objects name the real file (`<frozen runpy>` on
 # some versions), whatever the interpreter.
@@ -48,6 +61,7 @@ def main() -> None:
         # Private, like every file of the run dir; it lives as long as the worker.
         fault = os.fdopen(os.open(fault_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
         faulthandler.enable(fault, all_threads=True)
+    _watch_self()
     store_fd = os.environ.pop(STORE_FD_ENV, None)
     if store_fd is not None:
         _listen_on_agents_socket(int(store_fd))
@@ -74,6 +88,48 @@ def main() -> None:
         _record(exc, time.time())
         sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
+
+
+def _watch_self() -> None:
+    """Stacks on the agent's signal, and progress notes, where the agent asks for them."""
+    global _stacks
+    main = _thread.get_ident()
+    stacks, signum = os.environ.pop(STACKS_FILE_ENV, None), os.environ.pop(STACKS_SIGNAL_ENV, None)
+    progress = os.environ.pop(PROGRESS_FILE_ENV, None)
+    every = os.environ.pop(PROGRESS_EVERY_ENV, None)
+    if stacks and signum:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        _stacks = os.fdopen(os.open(stacks, flags, 0o600), "w")
+        _stacks.write(f"main thread 0x{main:016x}\n")  # which of the dumped threads is main
+        _stacks.flush()
+        faulthandler.register(int(signum), file=_stacks, all_threads=True, chain=False)
+    if progress and every:
+        fd = os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        _thread.start_new_thread(_note_progress, (fd, float(every), main))
+
+
+def _note_progress(fd: int, every: float, main: int) -> None:
+    """Each time the main thread's stack changed since the last look, the time, in `fd`.
+
+    A stack is the code and the bytecode offset of each frame: a rank blocked in a call
+    (a collective, a lock, `sleep`, a read) keeps the same one; a loop moves it.
+    """
+    last = None
+    try:
+        while True:
+            frame = sys._current_frames().get(main)
+            if frame is None:  # the main thread has ended
+                return
+            here = []
+            while frame is not None:
+                here.append((id(frame.f_code), frame.f_lasti))
+                frame = frame.f_back
+            if (now := hash(tuple(here))) != last:
+                last = now
+                os.pwrite(fd, b"%-20.3f\n" % time.time(), 0)
+            time.sleep(every)
+    except BaseException:  # never the worker's problem (e.g. at interpreter shutdown)
+        return
 
 
 def _listen_on_agents_socket(fd: int) -> None:

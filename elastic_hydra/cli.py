@@ -1,7 +1,9 @@
 """The `elastic-hydra` command: exit codes and user-facing errors around the launch.
 
-elastic-hydra [JOB.yaml] [-m] [--plan[=json]] [key=value ...] [-- SCRIPT ARGS ...]
+elastic-hydra [JOB.yaml] [-m] [--plan[=json|yaml]] [key=value ...] [-- SCRIPT ARGS ...]
+elastic-hydra [--plan[=json|yaml]] [TORCHRUN FLAGS] [key=value ...] SCRIPT [ARGS ...]
 elastic-hydra report [RUN_DIR | SWEEP_DIR]     (the latest run without one)
+elastic-hydra stacks [RUN_DIR]                 (a running job's stacks; the latest without one)
 elastic-hydra rdzv-server [--host H] [--port P]      (see rdzv_server.py)
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from elastic_hydra import hydra_boundary, job, stopsignals
-from elastic_hydra.argv import Invocation, parse_argv
+from elastic_hydra.argv import Invocation, own_words, parse_argv
 from elastic_hydra.config_errors import explain
 from elastic_hydra.errors import (
     EXIT_BUG,
@@ -28,7 +30,7 @@ from elastic_hydra.errors import (
     ElasticHydraError,
 )
 from elastic_hydra.jobfile import check_job_file
-from elastic_hydra.plan import Dynamic, DynamicBackend
+from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
 from elastic_hydra.records import JobResult, RunSummary
 from elastic_hydra.rundir import RunDir
 
@@ -40,7 +42,7 @@ _WORLD_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}  # not the user's path: 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console entry point."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if {"--version", "-V"} & set(args[: args.index("--") if "--" in args else len(args)]):
+    if {"--version", "-V"} & set(own_words(args)):
         print(f"elastic-hydra {_version()} (hydra-core {hydra_boundary.hydra_version()})")
         sys.exit(0)
     args = _completion_args(args)
@@ -48,7 +50,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         if args[:1] == ["report"]:
             sys.exit(report(args[1:]))
+        if args[:1] == ["stacks"]:
+            from elastic_hydra import stacks
+
+            sys.exit(stacks.main(args[1:]))
         inv = parse_argv(args, hydra_boundary.hydra_flags())
+        for note in inv.notes:
+            print(f"elastic-hydra: note: {note}", file=sys.stderr)
         if inv.job is not None:
             if not inv.job.is_file():
                 raise ConfigError("job", "no such file", str(inv.job), "expected a job YAML file")
@@ -193,9 +201,25 @@ def show_plan(inv: Invocation) -> int:
     if inv.plan == "json":
         print(json.dumps(job.plan_dict(plan), indent=2))
         return 0
+    from elastic_hydra import jobyaml  # a small module: the YAML of a torchrun-style command
+
+    if inv.plan == "yaml":
+        print(jobyaml.job_yaml(inv, cfg, ctx), end="")
+        return 0
     from elastic_hydra import render
 
     render.print_plan(plan, run_dir_hint=f"{ctx.run_dir} (created at launch)")
+    _plan_notes(inv, plan, len(cfg.get("args") or []))
+    if inv.torchrun:  # the command as a file to commit
+        print(f"\n{YAML_HEADING}\n{jobyaml.job_yaml(inv, cfg, ctx)}", end="")
+    return 0
+
+
+YAML_HEADING = "equivalent job file (--plan=yaml prints it alone):"
+
+
+def _plan_notes(inv: Invocation, plan: LaunchPlan, args: int) -> None:
+    """What the plan's table does not say: an elastic job's store host, the job's own args."""
     rdzv, elastic = plan.rdzv, plan.nnodes.min != plan.nnodes.max
     if (
         elastic
@@ -208,13 +232,13 @@ def show_plan(inv: Invocation) -> int:
             "hosts it ends the job on every node; run the store apart (elastic-hydra "
             "rdzv-server, then rdzv.is_host=false) or use rdzv=etcd-v2"
         )
-    own = len(cfg.get("args") or []) - len(inv.script_args or ())
+    own = args - len(inv.script_args or ())
     if inv.script_args and own > 0:
+        where = "the script" if inv.torchrun else "--"
         print(
-            f"note: the {len(inv.script_args)} word(s) after -- follow the job's own {own} "
+            f"note: the {len(inv.script_args)} word(s) after {where} follow the job's own {own} "
             "arg(s); to replace the job's args instead, write args=[...]"
         )
-    return 0
 
 
 def _completion_args(args: list[str]) -> list[str]:

@@ -8,6 +8,7 @@ failures alone are counted by TORCHELASTIC_RESTART_COUNT, as torchrun counts the
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,9 +20,20 @@ ATTEMPT = "ELASTIC_HYDRA_ATTEMPT"
 PLAN_PATH = "ELASTIC_HYDRA_PLAN"
 CONFIG_PATH = "ELASTIC_HYDRA_CONFIG"
 FAULT_FILE = "ELASTIC_HYDRA_FAULT_FILE"  # where the bootstrap's faulthandler writes a crash
+# The bootstrap's own (it takes them out of the script's environment): where it dumps every
+# thread's stack on DUMP_SIGNAL, and where it notes each change of its main thread's stack.
+STACKS_FILE = "ELASTIC_HYDRA_STACKS_FILE"
+STACKS_SIGNAL = "ELASTIC_HYDRA_STACKS_SIGNAL"
+PROGRESS_FILE = "ELASTIC_HYDRA_PROGRESS_FILE"
+PROGRESS_EVERY = "ELASTIC_HYDRA_PROGRESS_EVERY"
+# A real-time signal: no library uses it (SIGUSR1/2 are taken by Lightning, submitit...).
+DUMP_SIGNAL = int(signal.SIGRTMIN) + 4
 
-# Variables torchrun's agent sets for its own use that must not leak into our workers' contract.
-# The rendezvous secret signs the agents' records: workers never need it.
+# The signals the agent handles (stopsignals.STOP_SIGNALS), as torchrun names them in the variable
+# its agent sets and its workers inherit (torch's process contexts in a worker read it).
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+# Never inherited from the launcher's environment: a surrounding torchrun's signal list is not
+# ours; the rendezvous secret signs the agents' records and workers never need it.
 _AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "ELASTIC_HYDRA_RDZV_SECRET")
 
 
@@ -32,6 +44,8 @@ class WorkerFiles:
     config_path: str
     error_file: str
     fault_file: str
+    stacks_file: str = ""
+    progress_file: str = ""
 
 
 def worker_env(
@@ -76,6 +90,7 @@ def worker_env(
             "TORCHELASTIC_RUN_ID": plan.run_id,
             "TORCHELASTIC_USE_AGENT_STORE": str(node.use_agent_store),
             "TORCHELASTIC_ERROR_FILE": files.error_file,
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,
             RUN_DIR: files.run_dir,
             ATTEMPT: str(attempt),
             PLAN_PATH: files.plan_path,
@@ -83,4 +98,8 @@ def worker_env(
             FAULT_FILE: files.fault_file,
         }
     )
+    if plan.entrypoint_bootstrapped and files.stacks_file:
+        env.update({STACKS_FILE: files.stacks_file, STACKS_SIGNAL: str(DUMP_SIGNAL)})
+    if plan.entrypoint_bootstrapped and files.progress_file and plan.hang.timeout is not None:
+        env.update({PROGRESS_FILE: files.progress_file, PROGRESS_EVERY: f"{plan.hang.sample:g}"})
     return env

@@ -20,6 +20,7 @@ class EventKind(enum.Enum):
     SIGNAL = "signal"  # the agent received a signal
     STOPPING = "stopping"  # a signal stops the workers: how many, and the grace
     STOP = "stop"  # workers were stopped: why, and pids that would not die
+    HANG = "hang"  # no rank made progress for hang.timeout: the verdict, then the action
     FINISH = "finish"  # the run ended: status and exit code
 
 

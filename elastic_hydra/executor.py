@@ -14,12 +14,13 @@ from elastic_hydra import policy
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, root_cause
-from elastic_hydra.plan import Action, Dynamic, LaunchPlan, Standalone, Static
-from elastic_hydra.records import describe_returncode
+from elastic_hydra.plan import Action, Dynamic, HangAction, LaunchPlan, Standalone, Static
+from elastic_hydra.records import HangRecord, describe_returncode
 from elastic_hydra.seams import (
     ChangeKind,
     Clock,
     Exited,
+    HangWatch,
     NodeAssignment,
     Observer,
     Rendezvous,
@@ -37,6 +38,8 @@ class _Ended(enum.Enum):
     LOGS_FAILED = "logs_failed"
     RENDEZVOUS_LOST = "rendezvous_lost"
     STOPPED = "stopped"
+    HUNG = "hung"  # hang.action=restart: a failure under the restart policy
+    HUNG_FAIL = "hung_fail"  # hang.action=fail
 
 
 @dataclass(slots=True)
@@ -48,6 +51,7 @@ class _State:
     stuck: list[int] = field(default_factory=list)
     node: NodeAssignment | None = None
     reason: str = ""
+    hang: HangRecord | None = None
 
 
 class Executor:
@@ -62,6 +66,7 @@ class Executor:
         clock: Clock,
         observer: Observer,
         stop: StopRequest,
+        hang: HangWatch | None = None,
     ) -> None:
         self.plan = plan
         self.rdzv = rendezvous
@@ -74,6 +79,9 @@ class Executor:
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
         self.elastic = not fixed and plan.nnodes.min < plan.nnodes.max
+        self.hang = hang if plan.hang.timeout is not None else None
+        if self.hang is not None:  # look at the workers' progress as often as they sample it
+            self.check_every = min(self.check_every or plan.hang.sample, plan.hang.sample)
 
     def run(self) -> RunOutcome:
         """Rendezvous, start, monitor and restart until success, final failure or a signal."""
@@ -96,6 +104,8 @@ class Executor:
             self.observer.emit(
                 EventKind.WORKERS_STARTED, pids=group.pids, attempt=self.state.attempts
             )
+            if self.hang is not None:
+                self.hang.start(group.pids, node, self.state.attempts)
             ended, reason = self._monitor(group, node)
             self._stop_group(group, ended, reason)
             self.state.attempts += 1
@@ -107,7 +117,9 @@ class Executor:
                 return self._finish(Status.FAILED, reason)
             if ended is _Ended.RENDEZVOUS_LOST:
                 return self._finish(Status.RENDEZVOUS_FAILED, reason)
-            if ended is _Ended.FAILED and not self._restart(started):
+            if ended is _Ended.HUNG_FAIL:
+                return self._finish(Status.FAILED, reason)
+            if ended in (_Ended.FAILED, _Ended.HUNG) and not self._restart(started, ended):
                 return self._finish(Status.FAILED, self.state.reason)
 
     def _rendezvous(self) -> NodeAssignment:
@@ -142,8 +154,32 @@ class Executor:
                 return _Ended.FAILED, f"rank {first.rank} {how}"
             if not group.running():
                 return _Ended.SUCCEEDED, "all workers exited with code 0"
+            if (ended := self._check_hang(group)) is not None:
+                return ended
             if self.check_every is not None and (ended := self._membership()) is not None:
                 return ended
+
+    def _check_hang(self, group: WorkerGroup) -> tuple[_Ended, str] | None:
+        if self.hang is None or (hang := self.hang.check(group.running())) is None:
+            return None
+        return self._hung(hang)
+
+    def _hung(self, hang: HangRecord) -> tuple[_Ended, str] | None:
+        """Every rank's stack is saved: say so, then act (report: go on watching)."""
+        self.state.hang = hang
+        self.observer.emit(
+            EventKind.HANG,
+            verdict=hang.verdict,
+            action=hang.action,
+            idle=hang.idle_s,
+            attempt=self.state.attempts,
+        )
+        match self.plan.hang.action:
+            case HangAction.RESTART:
+                return _Ended.HUNG, hang.verdict
+            case HangAction.FAIL:
+                return _Ended.HUNG_FAIL, hang.verdict
+        return None
 
     def _node_lost(self, failed: list[WorkerExit]) -> tuple[_Ended, str] | None:
         """In an elastic job, a node that dies breaks the others' collectives: their workers
@@ -243,12 +279,20 @@ class Executor:
                 stuck_pids=stuck,
             )
 
-    def _restart(self, started: float) -> bool:
-        cause = root_cause(self.state.exits)
-        assert cause is not None
+    def _restart(self, started: float, ended: _Ended) -> bool:
+        if ended is _Ended.HUNG:  # a hang counts as a failure (exit 1) found now
+            rank: int | None = None
+            failure = policy.Failure(returncode=1, attempt_runtime=self.clock.mono() - started)
+        else:
+            cause = root_cause(self.state.exits)
+            assert cause is not None
+            rank = cause.rank
+            failure = policy.Failure(
+                returncode=cause.returncode, attempt_runtime=cause.mono_time - started
+            )
         decision = policy.decide(
             self.plan.restart,
-            policy.Failure(returncode=cause.returncode, attempt_runtime=cause.mono_time - started),
+            failure,
             restarts_done=self.state.restarts,
             restart_times=self.state.restart_times,
             now=self.clock.mono(),
@@ -262,7 +306,7 @@ class Executor:
             reason=decision.reason,
             delay=decision.delay,
             restart=self.state.restarts + 1,
-            rank=cause.rank,
+            rank=rank,
         )
         self.clock.sleep(decision.delay)
         if self.stop_request.signum is not None:
@@ -287,6 +331,7 @@ class Executor:
             exits=tuple(self.state.exits),
             signal=signum,
             stuck_pids=tuple(self.state.stuck),
+            hang=self.state.hang,
         )
         self.observer.emit(
             EventKind.FINISH,

@@ -33,7 +33,15 @@ def progress(event: Event, *, multi_node: bool) -> None:
     d = event.data
     match event.kind:
         case EventKind.RESTART:
-            say(f"elastic-hydra: rank {d['rank']} failed: {d['reason']}")
+            who = "the workers hung" if d["rank"] is None else f"rank {d['rank']} failed"
+            say(f"elastic-hydra: {who}: {d['reason']}")
+        case EventKind.HANG:
+            then = {"report": "they keep running", "restart": "stopping them (a failure)"}
+            say(
+                f"elastic-hydra: {d['verdict']}. Every rank's stacks: attempt_{d['attempt']}/"
+                f"*/stacks.txt; {then.get(d['action'], 'stopping the job')} (hang.action="
+                f"{d['action']})"
+            )
         case EventKind.STOPPING:
             say(
                 f"elastic-hydra: {d['signal']}: stopping {d['workers']} worker(s), up to "

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elastic_hydra.errors import EXIT_OK, EXIT_RENDEZVOUS, EXIT_WORKERS_FAILED
-from elastic_hydra.records import root_cause_of
+from elastic_hydra.records import HangRecord, root_cause_of
 from elastic_hydra.tracebacks import Stack
 
 
@@ -93,6 +93,7 @@ class RunOutcome:
     exits: tuple[WorkerExit, ...] = ()
     signal: int | None = None
     stuck_pids: tuple[int, ...] = ()
+    hang: HangRecord | None = None  # the last hang found
 
     @property
     def root_cause(self) -> WorkerExit | None:

@@ -173,6 +173,27 @@ class NodeRange:
         return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
 
 
+class HangAction(enum.Enum):
+    REPORT = "report"  # dump every rank's stack, give the verdict, keep running
+    RESTART = "restart"  # ... then stop the workers: a failure under the restart policy
+    FAIL = "fail"  # ... then stop the workers and end the job (exit 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangSpec:
+    """When a job counts as hung: no rank made progress for `timeout` seconds (None: never),
+    and not within the first `warmup` seconds of an attempt."""
+
+    timeout: float | None = 300.0
+    warmup: float = 300.0
+    action: HangAction = HangAction.REPORT
+
+    @property
+    def sample(self) -> float:
+        """How often each worker looks at its own stack (and the agent at the workers)."""
+        return 1.0 if self.timeout is None else max(0.05, min(1.0, self.timeout / 5))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchPlan:
     """Everything the executor needs for one launch, validated."""
@@ -186,6 +207,7 @@ class LaunchPlan:
     local_addr: str | None = None
     restart: RestartSpec = RestartSpec()
     logs: LogSpec = LogSpec()
+    hang: HangSpec = HangSpec()
     stop_grace: float = 30.0
     monitor_interval: float = 0.1
     env: tuple[tuple[str, str], ...] = ()
@@ -196,6 +218,11 @@ class LaunchPlan:
     @property
     def argv(self) -> tuple[str, ...]:
         return worker_argv(self.entrypoint)
+
+    @property
+    def entrypoint_bootstrapped(self) -> bool:
+        """Python workers run through the bootstrap (tracebacks, stacks on demand, progress)."""
+        return not isinstance(self.entrypoint, Command) and self.entrypoint.bootstrap is not None
 
 
 def to_dict(value: Any) -> Any:

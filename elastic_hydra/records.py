@@ -220,6 +220,40 @@ class ExitRecord(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HangRank(_Record):
+    """Where one rank was when its job was found hung."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    host: str = ""
+    node_rank: int | None = None
+    # dumped (its stacks below), stopped (SIGSTOPped: it cannot dump), exited, or no_dump (not
+    # run through the bootstrap: a cmd= program or bootstrap=false, and no py-spy installed)
+    state: str
+    file: str = ""  # the innermost frame of the user's code
+    line: int = 0
+    function: str = ""
+    code: str = ""  # that line's source
+    call: str = ""  # the library call below it, e.g. torch.distributed...all_reduce
+    odd: bool = False  # in the odd group out
+    threads: tuple[dict[str, Any], ...] = ()  # {"thread_id", "main", "frames": [...]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangRecord(_Record):
+    """A hang: no rank made progress for `idle_s` seconds; every rank's place, then the action."""
+
+    verdict: str
+    idle_s: float
+    timeout_s: float
+    action: str  # report, restart or fail
+    attempt: int
+    time: float  # when it was found (wall clock)
+    ranks: tuple[HangRank, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunSummary(_Record):
     """summary.json: how a launch ended on this node. A launch that ended before its workers
     (bad input found late, a launcher bug) has only status, exit code and message."""
@@ -241,6 +275,7 @@ class RunSummary(_Record):
     failures: tuple[FailureRecord, ...] = ()
     job_failures: tuple[FailureRecord, ...] = ()
     exits: tuple[ExitRecord, ...] = ()
+    hang: HangRecord | None = None  # the last hang found (hang.timeout)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

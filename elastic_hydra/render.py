@@ -26,7 +26,7 @@ from elastic_hydra import tracebacks
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.notices import took
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
-from elastic_hydra.records import FailureRecord, JobResult, RunSummary
+from elastic_hydra.records import FailureRecord, HangRecord, JobResult, RunSummary
 from elastic_hydra.redact import redact_env
 
 
@@ -187,6 +187,8 @@ def outcome_report(summary: RunSummary, *, plain: bool, width: int = 100) -> Ren
     cause = summary.root_cause
     if cause is not None:
         parts += _root_cause(cause, plain=plain, width=width)
+    elif summary.hang is not None:
+        parts += hang_section(summary.hang, plain=plain)
     others = _other_ranks(summary, cause, plain=plain)
     if others is not None:
         parts.append(others)
@@ -233,6 +235,24 @@ def _root_cause(cause: FailureRecord, *, plain: bool, width: int) -> list[Render
     # A crash's stack comes from its dump: show stderr beside it only when there is some.
     if not stacks or (cause.source == "crash" and cause.stderr_tail):
         parts += _stderr_tail(cause)
+    return parts
+
+
+def hang_section(hang: HangRecord, *, plain: bool) -> list[RenderableType]:
+    """The odd ranks' main-thread stacks (the others' are in their stacks.txt)."""
+    parts: list[RenderableType] = []
+    shown = [r for r in hang.ranks if r.odd] or list(hang.ranks[:1])
+    for r in shown:
+        main = next((t for t in r.threads if t.get("main")), None)
+        where = f"rank {r.rank} (local rank {r.local_rank}) on {r.host}, pid {r.pid}: {r.state}"
+        parts.append(Text(where, style="bold yellow"))
+        if main is None:
+            continue
+        for f in main["frames"]:  # outermost first, as Python prints a traceback
+            frame = tracebacks.Frame(filename=f["filename"], lineno=f["lineno"], name=f["name"])
+            if not tracebacks.is_launcher_frame(frame):
+                parts.append(Text(f'  File "{f["filename"]}", line {f["lineno"]}, in {f["name"]}'))
+    parts.append(Text(f"every rank's stacks: attempt_{hang.attempt}/<local rank>/stacks.txt"))
     return parts
 
 

@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from elastic_hydra import job_store, store_records
+from elastic_hydra import hang_share, job_store, store_records
 from elastic_hydra.errors import ConfigError, RendezvousError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import Status, WorkerExit
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
+from elastic_hydra.records import HangRecord
 from elastic_hydra.rendezvous import listen_socket
 from elastic_hydra.seams import (
     Change,
@@ -66,6 +67,7 @@ class TorchRendezvous:
         self._members: frozenset[object] = frozenset()
         self._worker_store: Store | None = None  # node 0 after a membership change: see _master
         self._round = -1
+        self._hangs = 0  # hangs this agent shared (the key of the next one's ranks)
         self._seen: set[str] = set()  # every node of every round this agent took part in
         secret = os.environ.get(store_records.SECRET_ENV)
         self.secret = secret.encode() if secret else None
@@ -121,6 +123,32 @@ class TorchRendezvous:
             "node": _node_name(_this_node(self.handler)),
         }
         job_store.publish_failure(self.job_store, self.plan.run_id, record, self.secret)
+
+    def share_progress(self, last: float) -> float:
+        """hang_watch.JobShare: this node's latest progress out, the job's latest in."""
+        if self.job_store is None or self.node is None:
+            return last
+        run_id, node = self.plan.run_id, self.node
+        hang_share.publish_progress(self.job_store, run_id, self._round, node.group_rank, last)
+        latest = hang_share.latest_progress(
+            self.job_store, run_id, self._round, node.group_world_size, time.time()
+        )
+        return last if latest is None else max(last, latest)
+
+    def share_hang(self, record: HangRecord) -> HangRecord:
+        """hang_watch.JobShare: every node's ranks and the job-wide verdict."""
+        if self.job_store is None or self.node is None:
+            return record
+        self._hangs += 1
+        return hang_share.share_hang(
+            self.job_store,
+            self.plan.run_id,
+            key=f"{self._round}/{self._hangs}",
+            node=self.node.group_rank,
+            nodes=self.node.group_world_size,
+            record=record,
+            stopped=lambda: self.interrupt.signum is not None,
+        )
 
     def end(self, status: Status, observer: Observer) -> JobFailures:
         if status is Status.SUCCEEDED:

@@ -35,6 +35,7 @@ from elastic_hydra.resolve_entry import HostFacts, resolve_entrypoint
 from elastic_hydra.resolve_gpus import Machine, resolve_devices, resolve_nproc
 from elastic_hydra.resolve_runtime import (
     resolve_env,
+    resolve_hang,
     resolve_logs,
     resolve_restart,
     resolve_role,
@@ -161,6 +162,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         role=resolve_role(conf.role),
         local_addr=conf.local_addr or None,
         restart=resolve_restart(conf.restart),
+        hang=resolve_hang(conf.hang),
         logs=resolve_logs(conf.logs, nproc, several_nodes=topology.nnodes.max > 1),
         stop_grace=seconds("stop_grace", conf.stop_grace, allow_zero=True),
         monitor_interval=seconds("monitor_interval", conf.monitor_interval),

@@ -1,5 +1,5 @@
-"""What runs around the workers: the restart policy, the console and log files, the extra
-environment, the role name, and durations in seconds.
+"""What runs around the workers: the restart policy, the console and log files, hang detection,
+the extra environment, the role name, and durations in seconds.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from elastic_hydra.plan import (
     MULTINODE_PREFIX,
     Action,
     Backoff,
+    HangAction,
+    HangSpec,
     LogSpec,
     RestartSpec,
     RestartWindow,
 )
-from elastic_hydra.schema import LogsConf, RestartConf
+from elastic_hydra.schema import HangConf, LogsConf, RestartConf
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ROLE = re.compile(r"[\w.-]{1,64}\Z")
@@ -203,3 +205,14 @@ def _prefix(value: str) -> str:
                 "logs.prefix", f"bad width {spec!r}", value, "expected e.g. {rank:>3} (width <= 16)"
             )
     return value
+
+
+def resolve_hang(h: HangConf) -> HangSpec:
+    try:
+        action = HangAction(str(h.action).strip().lower())
+    except ValueError:
+        raise ConfigError(
+            "hang.action", "not a hang action", h.action, "expected report, restart or fail"
+        ) from None
+    timeout = None if h.timeout is None else seconds("hang.timeout", h.timeout)
+    return HangSpec(timeout=timeout, warmup=seconds("hang.warmup", h.warmup, True), action=action)

@@ -143,6 +143,14 @@ class RunDir:
     def fault_file(self, attempt: int, local_rank: int) -> Path:
         return self.rank_dir(attempt, local_rank) / "fault.log"
 
+    def stacks_file(self, attempt: int, local_rank: int) -> Path:
+        """Every thread's stack, each time the agent asked (a hang, `elastic-hydra stacks`)."""
+        return self.rank_dir(attempt, local_rank) / "stacks.txt"
+
+    def progress_file(self, attempt: int, local_rank: int) -> Path:
+        """When the worker's main thread last moved (hang detection)."""
+        return self.rank_dir(attempt, local_rank) / "progress"
+
 
 def write_private(path: Path, text: str) -> None:
     """Write a whole file, private, atomically: a full disk leaves the old file (or none), never

@@ -99,6 +99,19 @@ class LogsConf:
 
 
 @dataclass
+class HangConf:
+    timeout: float | None = key(
+        300.0, "seconds with no progress on any rank before the job counts as hung; null: off"
+    )
+    warmup: float = key(300.0, "seconds at the start of each attempt when no hang is declared")
+    action: str = key(
+        "report",
+        "on a hang, after every rank's stack is saved: report (keep running), restart (a "
+        "failure under the restart policy) or fail (end the job, exit 1)",
+    )
+
+
+@dataclass
 class ElasticHydraConf:
     script: str | None = key(None, "the entrypoint: a Python script (exactly one of three)")
     module: str | None = key(None, "... or a module, run as python -m")
@@ -128,6 +141,7 @@ class ElasticHydraConf:
     rdzv: RdzvConf = group(RdzvConf, "how the nodes meet")
     restart: RestartConf = group(RestartConf, "the restart policy")
     logs: LogsConf = group(LogsConf, "console and log files")
+    hang: HangConf = group(HangConf, "when a job that makes no progress counts as hung")
     stop_grace: float = key(30.0, "seconds between SIGTERM and SIGKILL when workers are stopped")
     monitor_interval: float = key(0.1, "seconds between membership checks (multi-node)")
     env: dict[str, str] = key({}, "extra environment for the workers: env.NAME=value")

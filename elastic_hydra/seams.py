@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import Status, WorkerExit
 from elastic_hydra.plan import Endpoint
+from elastic_hydra.records import HangRecord
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +109,17 @@ class WorkerGroup(Protocol):
     def stop(self, sig: int, grace: float) -> tuple[list[Exited], list[int]]: ...
 
     def close(self) -> None: ...
+
+
+class HangWatch(Protocol):
+    """Watches an attempt's workers for progress (hang.timeout)."""
+
+    def start(self, pids: list[int], node: NodeAssignment, attempt: int) -> None:
+        """Watch a new attempt's workers (pids by local rank)."""
+
+    def check(self, running: list[int]) -> HangRecord | None:
+        """The hang found now, every rank's stack saved first; None while a rank progresses,
+        and after a hang until progress resumes."""
 
 
 class WorkerGroupFactory(Protocol):

@@ -56,6 +56,7 @@ def summarize(
         failures=local,
         job_failures=tuple(job_failures),
         exits=tuple(exit_record(e) for e in outcome.exits),
+        hang=outcome.hang,
     )
 
 

@@ -157,6 +157,31 @@ def parse_fault(text: str) -> Stack | None:
     )
 
 
+_THREAD = re.compile(
+    r"^(?:Current thread|Thread) (?P<id>0x[0-9a-fA-F]+) \(most recent call first\):$"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThreadStack:
+    """One thread of a faulthandler dump (`dump_traceback(all_threads=True)`)."""
+
+    thread_id: int
+    frames: tuple[Frame, ...] = ()  # outermost first
+
+
+def parse_threads(text: str) -> tuple[ThreadStack, ...]:
+    """Every thread of one faulthandler dump: a `Thread 0x...` line, then its frames, each
+    `File "...", line N in NAME`, innermost first."""
+    found: list[tuple[int, list[Frame]]] = []
+    for line in text.splitlines():
+        if (head := _THREAD.match(line)) is not None:
+            found.append((int(head["id"], 16), []))
+        elif found and (m := _FAULT_FRAME.match(line)) is not None:
+            found[-1][1].append(Frame(filename=m["file"], lineno=int(m["line"]), name=m["name"]))
+    return tuple(ThreadStack(thread_id=t, frames=tuple(reversed(f))) for t, f in found)
+
+
 def exception_line(stack: Stack) -> str:
     return f"{stack.exc_type}: {stack.exc_value}" if stack.exc_value else stack.exc_type
 

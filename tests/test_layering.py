@@ -24,9 +24,14 @@ ALLOWED: dict[str, set[str]] = {
     # entry and the front end: argv, Hydra, config errors, the job
     "__main__": {"entry"},
     "entry": {"cli", "rdzv_server", "stopsignals"},
-    "cli": FRONT | {"argv", "config_errors", "hydra_boundary", "job", "jobfile", "records",
-                    "render", "rundir", "stopsignals"},
-    "argv": {"errors", "schema"},
+    "cli": FRONT | {"argv", "config_errors", "hydra_boundary", "job", "jobfile", "jobyaml",
+                    "records", "render", "rundir", "stacks", "stopsignals"},
+    "jobyaml": {"argv", "hydra_boundary", "redact"},  # a command as a job file (--plan)
+    "argv": {"errors", "schema", "torchrun_cli", "torchrun_rdzv"},
+    # torchrun's command line and PET_* variables, as our keys (pure)
+    "torchrun_cli": {"errors", "torchrun_logs", "torchrun_rdzv"},
+    "torchrun_logs": {"errors", "torchrun_rdzv"},
+    "torchrun_rdzv": {"errors"},
     "hydra_boundary": {"argv", "schema", "slurm"},  # slurm: the run dir of a Slurm step
     "config_errors": {"errors", "jobfile", "schema"},
     "jobfile": {"errors"},
@@ -42,13 +47,14 @@ ALLOWED: dict[str, set[str]] = {
     "resolve_gpus": {"errors", "gpus"},
     "devices": {"gpus"},
     # the agent: wiring, the loop and what implements its seams
-    "agent": RUNTIME | {"capture", "contain", "env", "executor", "logpump", "notices", "redact",
-                        "render", "rendezvous", "rendezvous_torch", "rundir", "stopsignals",
-                        "summary", "supervise"},
+    "agent": RUNTIME | {"capture", "contain", "env", "executor", "hang_watch", "logpump",
+                        "notices", "redact", "render", "rendezvous", "rendezvous_torch", "rundir",
+                        "stopsignals", "summary", "supervise"},
     "executor": {"errors", "events", "outcome", "plan", "policy", "records", "seams"},
     "supervise": {"contain", "errors", "logpump", "rundir", "seams"},
     "rendezvous": {"outcome", "plan", "seams"},
-    "rendezvous_torch": RUNTIME | {"job_store", "rendezvous", "store_records"},
+    "rendezvous_torch": RUNTIME | {"hang_share", "job_store", "rendezvous", "store_records"},
+    "hang_share": {"hangs", "records"},
     "job_store": {"seams", "store_records"},
     "rdzv_server": {"rendezvous", "stopsignals"},
     "contain": {"env"},
@@ -62,9 +68,12 @@ ALLOWED: dict[str, set[str]] = {
     "render_pool": {"pool", "records", "render", "tracebacks"},
     "logpump": set(),
     "rundir": set(),
+    "hang_watch": {"env", "hangs", "plan", "records", "rundir", "seams", "tracebacks"},
+    "stacks": {"errors", "hang_watch", "hangs", "records", "rundir", "tracebacks"},
     "bootstrap": set(),  # runs inside the user's interpreter: the standard library only
     # pure
-    "seams": {"events", "outcome", "plan"},
+    "seams": {"events", "outcome", "plan", "records"},
+    "hangs": {"records", "tracebacks"},
     "outcome": {"errors", "records", "tracebacks"},
     "records": set(),
     "env": {"plan", "seams"},
@@ -82,14 +91,15 @@ ALLOWED: dict[str, set[str]] = {
 PURE = [
     "elastic_hydra." + name
     for name in ("plan", "errors", "policy", "outcome", "records", "seams", "env", "events",
-                 "tracebacks", "gpus", "slurm", "redact", "store_records")
+                 "tracebacks", "gpus", "slurm", "redact", "store_records", "torchrun_cli",
+                 "torchrun_logs", "torchrun_rdzv")
 ]  # fmt: skip
 # Pure means no I/O, no clock, no process state: none of these may be imported.
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
 MAY_IMPORT = {
     "hydra": {"argv", "cli", "config_errors", "hydra_boundary", "schema"},
-    "omegaconf": {"config_errors", "hydra_boundary", "job", "resolve", "schema"},
+    "omegaconf": {"config_errors", "hydra_boundary", "job", "jobyaml", "resolve", "schema"},
     "rich": {"render", "render_pool"},
     "torch": {"rendezvous_torch", "rdzv_server"},
 }

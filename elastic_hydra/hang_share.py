@@ -1,0 +1,100 @@
+"""Hangs across nodes, through the rendezvous store: progress, and every node's ranks.
+
+A job is hung when no rank on any node made progress for `hang.timeout`: each node publishes
+its own latest progress (wall clock) and reads the others'. When its watch finds the job hung,
+each node publishes where its ranks are and reads the other nodes' (they find the same hang
+within a look or two), so every node shows the job-wide verdict. What comes from the store is
+untrusted: a value that does not read as a time or a rank is ignored, and no node may claim
+progress in the future.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from elastic_hydra import hangs
+from elastic_hydra.records import HangRank, HangRecord
+
+SHARE_WAIT = 5.0  # seconds a node waits for the others' ranks after a hang
+MAX_RANKS = 4096  # per node, from the store
+MAX_BYTES = 4 << 20
+_KEY = "elastic_hydra/{run_id}/hang/{what}"
+
+Store = Any  # torch.distributed.Store
+
+
+def publish_progress(store: Store, run_id: str, round_: int, node: int, last: float) -> None:
+    """This node's latest progress; a store that is gone loses it (the job is ending)."""
+    key = _KEY.format(run_id=run_id, what=f"progress/{round_}/{node}")
+    try:
+        store.set(key, f"{last:.3f}")
+    except Exception:
+        return
+
+
+def latest_progress(store: Store, run_id: str, round_: int, nodes: int, now: float) -> float | None:
+    """The latest progress any node of the round published (never later than `now`)."""
+    latest = None
+    for node in range(nodes):
+        key = _KEY.format(run_id=run_id, what=f"progress/{round_}/{node}")
+        try:
+            if not store.check([key]):
+                continue
+            value = min(float(bytes(store.get(key)).decode()), now)
+        except Exception:  # gone, or not a number: no word from that node
+            continue
+        latest = value if latest is None else max(latest, value)
+    return latest
+
+
+def share_hang(
+    store: Store,
+    run_id: str,
+    *,
+    key: str,
+    node: int,
+    nodes: int,
+    record: HangRecord,
+    stopped: Callable[[], bool],
+) -> HangRecord:
+    """Publish this node's ranks, wait (SHARE_WAIT at most) for the other nodes', and return
+    the record with every node's ranks and the job-wide verdict."""
+    mine = json.dumps([r.to_json() for r in record.ranks])
+    keys = [_KEY.format(run_id=run_id, what=f"ranks/{key}/{n}") for n in range(nodes)]
+    try:
+        store.set(keys[node], mine)
+    except Exception:
+        return record
+    found: dict[int, list[HangRank]] = {node: list(record.ranks)}
+    deadline = time.monotonic() + SHARE_WAIT
+    while len(found) < nodes and time.monotonic() < deadline and not stopped():
+        for n, k in enumerate(keys):
+            if n not in found and (ranks := _read_ranks(store, k)) is not None:
+                found[n] = ranks
+        if len(found) < nodes:
+            time.sleep(0.1)
+    ranks = sorted((r for rs in found.values() for r in rs), key=lambda r: r.rank)
+    text, odd = hangs.verdict(ranks, record.idle_s)
+    missing = nodes - len(found)
+    if missing:
+        text += f" ({missing} node(s) did not say where their ranks are)"
+    return replace(record, verdict=text, ranks=tuple(replace(r, odd=r.rank in odd) for r in ranks))
+
+
+def _read_ranks(store: Store, key: str) -> list[HangRank] | None:
+    try:
+        if not store.check([key]):
+            return None
+        raw = bytes(store.get(key))
+        if len(raw) > MAX_BYTES:
+            return []
+        data = json.loads(raw)
+        if not isinstance(data, list):
+            return []
+        return [HangRank.from_json(item) for item in data[:MAX_RANKS]]
+    except Exception:  # unreadable, malformed: that node's ranks stay unknown
+        return []

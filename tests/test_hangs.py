@@ -1,0 +1,266 @@
+"""Hangs: progress without code changes, every rank's stack before any kill, one verdict.
+
+Pure parts first (the progress rule, dump parsing, the verdict), then the executor with a fake
+watch (what each `hang.action` does), then real launches: three gloo ranks with one late for
+the all_reduce (each action, timed from the hang's onset), plain-Python ranks blocked in a read,
+in a C call holding the GIL, SIGSTOPped, not run through the bootstrap, and computing for three
+times the timeout (never flagged).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import WORKERS, free_port, wait_for
+from launch import run, started
+from multinode import FAST, job
+from test_agent_real import read_events
+
+from elastic_hydra import hangs
+from elastic_hydra.records import HangRank
+from elastic_hydra.tracebacks import parse_threads
+
+pytestmark = pytest.mark.timeout(120)
+
+DUMP = """main thread 0x00007f0000000001
+Thread 0x00007f00000000aa (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 324 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/e/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2 in all_reduce
+  File "/e/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 8 in wrapper
+  File "/home/u/train.py", line 42 in step
+  File "/home/u/train.py", line 60 in <module>
+"""
+PY_SPY = """Process 4242: python train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4250 (idle): "Thread-1"
+    wait (threading.py:324)
+Thread 4242 (idle): "MainThread"
+    load (data.py:88)
+    main (train.py:12)
+"""
+
+
+# ------------------------------------------------------------------------------------ pure
+def test_progress_is_a_stack_change_or_cpu_time() -> None:
+    p = hangs.RankProgress(last_progress=100.0)
+    p.observe(now=101.0, stack_changed=None, cpu=5.0)  # the first look: a CPU baseline
+    assert p.last_progress == 100.0
+    p.observe(now=102.0, stack_changed=None, cpu=5.01)  # 1% of a core: waiting
+    assert p.last_progress == 100.0
+    p.observe(now=103.0, stack_changed=102.5, cpu=5.02)  # its main thread moved
+    assert p.last_progress == 102.5
+    p.observe(now=104.0, stack_changed=102.5, cpu=5.9)  # 88% of a core: computing
+    assert p.last_progress == 104.0
+    assert hangs.idle_for([p, hangs.RankProgress(last_progress=90.0)], now=110.0) == 6.0
+
+
+def test_a_faulthandler_dump_reads_as_threads() -> None:
+    threads = parse_threads(DUMP)
+    assert [t.thread_id for t in threads] == [0x7F00000000AA, 0x7F0000000001]
+    main = threads[1]
+    assert [f.name for f in main.frames] == ["<module>", "step", "wrapper", "all_reduce"]
+    user, call = hangs.locate(main.frames)
+    assert user is not None and (user.filename, user.lineno) == ("/home/u/train.py", 42)
+    assert call is not None
+    assert hangs.library_call(call) == "torch.distributed.distributed_c10d.all_reduce"
+
+
+def test_py_spy_output_reads_as_threads_main_first() -> None:
+    threads = hangs.parse_py_spy(PY_SPY)
+    assert [t.thread_id for t in threads] == [4242, 4250]
+    assert [(f.filename, f.lineno) for f in threads[0].frames] == [
+        ("train.py", 12),
+        ("data.py", 88),
+    ]
+
+
+def rank(r: int, **kw: Any) -> HangRank:
+    return HangRank(rank=r, local_rank=r, pid=100 + r, **{"state": "dumped", **kw})
+
+
+def test_the_verdict_leads_with_the_odd_group_out() -> None:
+    waiting = {"file": "/u/train.py", "line": 42, "call": "torch.distributed.all_reduce"}
+    ranks = [rank(0, **waiting), rank(1, **waiting), rank(3, **waiting),
+             rank(2, file="/u/data.py", line=88, code="time.sleep(60)")]  # fmt: skip
+    text, odd = hangs.verdict(ranks, 120.4)
+    assert odd == {2}
+    assert text == (
+        "hang after 120 s without progress: rank 2 at data.py:88 (time.sleep(60)) (stuck here); "
+        "ranks 0,1,3 in torch.distributed.all_reduce called from train.py:42"
+    )
+
+
+def test_ranks_all_in_one_place_have_no_odd_one_and_states_are_named() -> None:
+    text, odd = hangs.verdict([rank(0, file="/u/t.py", line=3), rank(1, file="/u/t.py", line=3)], 5)
+    assert odd == frozenset() and "(stuck here)" not in text and "ranks 0,1 at t.py:3" in text
+    text, odd = hangs.verdict([rank(0, state="stopped"), rank(1, file="/u/t.py", line=3),
+                               rank(2, file="/u/t.py", line=3)], 5)  # fmt: skip
+    assert odd == {0} and text.endswith("rank 0 stopped (stuck here); ranks 1,2 at t.py:3")
+
+
+# ----------------------------------------------------------------------------- real launches
+def launch(
+    tmp_path: Path, *overrides: str, script_args: tuple[str, ...] = ()
+) -> tuple[int, str, dict[str, Any], Path]:
+    """A launch to its end: exit code, stderr, summary.json and the run dir."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    logs = tmp_path / "logs"
+    common = ("hang.warmup=0", "logs.quiet=true", "stop_grace=3", f"logs.root={logs}")
+    proc = run(
+        *common, *overrides, "--", *script_args, cwd=tmp_path, env={"OUT_DIR": str(out)}, timeout=90
+    )
+    run_dir = next(logs.rglob("summary.json")).parent
+    return proc.returncode, proc.stderr, json.loads((run_dir / "summary.json").read_text()), run_dir
+
+
+def hang_events(run_dir: Path) -> list[dict[str, Any]]:
+    return [e for e in read_events(run_dir) if e["event"] == "hang"]
+
+
+GLOO = f"script={WORKERS / 'hang_gloo.py'}"
+
+
+@pytest.mark.parametrize("action", ["fail", "restart", "report"])
+def test_a_rank_late_for_all_reduce_is_named_within_the_timeout(
+    tmp_path: Path, action: str
+) -> None:
+    # Rank 2 sleeps 25 s before the all_reduce in the first attempt: "fail" ends the job,
+    # "restart" runs it again (and the late rank is on time), "report" waits for it.
+    seconds = "8" if action == "report" else "25"
+    code, stderr, summary, run_dir = launch(
+        tmp_path, GLOO, "nproc_per_node=3", "hang.timeout=2", f"hang.action={action}",
+        "restart.max_restarts=1", script_args=("2", seconds, "1"),
+    )  # fmt: skip
+    assert code == (1 if action == "fail" else 0), stderr
+    hang = summary["hang"]
+    assert hang["verdict"].startswith("hang after ")
+    assert "rank 2 at hang_gloo.py:26 (time.sleep(seconds)) (stuck here)" in hang["verdict"]
+    assert "ranks 0,1 in torch.distributed.distributed_c10d.all_reduce called from " \
+           "hang_gloo.py:36" in hang["verdict"]  # fmt: skip
+    assert [r["odd"] for r in hang["ranks"]] == [False, False, True]
+    main = next(t for t in hang["ranks"][2]["threads"] if t["main"])
+    assert main["frames"][-1]["name"] == "load_batch"
+    # Every rank's stacks were written before any signal stopped it, in the attempt's dir.
+    for local_rank in range(3):
+        assert (
+            "most recent call first" in (run_dir / f"attempt_0/{local_rank}/stacks.txt").read_text()
+        )
+    onset = float((tmp_path / "out" / "stuck_at").read_text())
+    (event,) = hang_events(run_dir)
+    assert event["time"] - onset <= 2 + 5, "the verdict came later than hang.timeout + 5 s"
+    assert summary["attempts"] == (2 if action == "restart" else 1)
+    if action == "fail":
+        assert summary["message"] == hang["verdict"]
+        assert hang["verdict"] in stderr  # the closing report leads with it
+
+
+def probe(
+    tmp_path: Path, *modes: str, extra: tuple[str, ...] = ()
+) -> tuple[int, str, dict[str, Any], Path]:
+    return launch(
+        tmp_path, f"script={WORKERS / 'hang_probe.py'}", f"nproc_per_node={len(modes)}",
+        "hang.timeout=1", "hang.action=fail", *extra, script_args=modes,
+    )  # fmt: skip
+
+
+def test_a_rank_holding_the_gil_in_a_c_call_is_still_dumped(tmp_path: Path) -> None:
+    code, _, summary, _ = probe(tmp_path, "wait", "gil")
+    assert code == 1
+    ranks = summary["hang"]["ranks"]
+    assert [r["state"] for r in ranks] == ["dumped", "dumped"]
+    assert ranks[1]["code"] == "ctypes.PyDLL(None).sleep(600)"
+    assert ranks[0]["code"] == "os.read(read_end, 1)"
+
+
+def test_a_stopped_rank_is_named_as_stopped(tmp_path: Path) -> None:
+    code, _, summary, _ = probe(tmp_path, "sleep", "stop", "sleep")
+    assert code == 1
+    assert "rank 1 stopped (stuck here); ranks 0,2 at hang_probe.py" in summary["hang"]["verdict"]
+
+
+def test_a_rank_without_the_bootstrap_is_named(tmp_path: Path) -> None:
+    code, _, summary, _ = probe(tmp_path, "sleep", "sleep", extra=("bootstrap=false",))
+    assert code == 1
+    states = {r["state"] for r in summary["hang"]["ranks"]}
+    assert states <= {"no_dump", "dumped"}  # dumped only where py-spy is installed
+
+
+def test_computing_for_three_times_the_timeout_is_never_a_hang(tmp_path: Path) -> None:
+    code, stderr, summary, run_dir = probe(tmp_path, "compute:3", "cmp-c:3")
+    assert code == 0, stderr
+    assert summary["hang"] is None and hang_events(run_dir) == []
+
+
+def test_warmup_holds_the_verdict_back(tmp_path: Path) -> None:
+    started = time.time()
+    code, _, _, run_dir = probe(tmp_path, "wait", extra=("hang.warmup=3",))
+    assert code == 1
+    (event,) = hang_events(run_dir)
+    workers = next(e for e in read_events(run_dir) if e["event"] == "workers_started")
+    assert event["time"] - workers["time"] >= 3.0
+    assert time.time() - started < 30
+
+
+def test_hang_keys_are_checked() -> None:
+    from launch import plan_of
+
+    with pytest.raises(Exception, match=r"hang\.action: not a hang action"):
+        plan_of(f"script={WORKERS / 'hang_probe.py'}", "hang.action=kill")
+    assert plan_of(f"script={WORKERS / 'hang_probe.py'}", "hang.timeout=null").hang.timeout is None
+    assert sys.executable
+
+
+def test_stacks_shows_a_live_jobs_ranks_grouped_without_stopping_them(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = tmp_path / "eh_logs"
+    script = f"script={WORKERS / 'hang_probe.py'}"
+    args = (script, "nproc_per_node=3", "logs.quiet=true", f"logs.root={logs}", "--")
+    with started(*args, "wait", "wait", "sleep", cwd=tmp_path, env={"OUT_DIR": str(out)}) as job:
+        wait_for(lambda: len(list(out.glob("*.ready"))) == 3, 30, "three ranks to start")
+        shown = run("stacks", cwd=tmp_path)  # no directory: the running job under ./eh_logs
+        again = run("stacks", str(next(logs.rglob("events.jsonl")).parent), cwd=tmp_path)
+        assert job.poll() is None  # asked twice, still running
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].endswith("attempt 0, 3 rank(s)")
+    assert "rank 2 at hang_probe.py:" in shown.stdout and "(time.sleep(600))" in shown.stdout
+    assert (
+        "ranks 0,1 at hang_probe.py:" in shown.stdout and "(os.read(read_end, 1))" in shown.stdout
+    )
+    assert shown.stdout.index("rank 2 at") < shown.stdout.index("ranks 0,1 at")  # odd one first
+    assert "in main" in shown.stdout and "bootstrap.py" not in shown.stdout
+    assert again.returncode == 0 and again.stdout.count("hang_probe.py:") >= 2
+
+
+def test_two_nodes_both_name_the_stuck_rank_on_the_other_node(tmp_path: Path) -> None:
+    # One worker per node over c10d: global rank 1 sleeps before the all_reduce, on whichever
+    # node it is; rank 0's node finds no progress on any rank of the job and names rank 1 too.
+    with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+        for n in range(2):
+            overrides = ("nnodes=2", "nproc_per_node=1", "hang.timeout=2", "hang.warmup=0",
+                         "hang.action=fail", "stop_grace=3", *FAST)  # fmt: skip
+            root = f"logs.root={j.tmp / f'agent{n}'}"
+            script = WORKERS / "hang_gloo.py"
+            j.start(argv=[*j.command(*overrides, root, script=script), "--", "1", "30"])
+        codes = j.finish(120)
+    assert codes == [1, 1], j.explain()
+    verdicts = [a.summary()["hang"]["verdict"] for a in j.agents]
+    for verdict in verdicts:
+        assert "rank 1 at hang_gloo.py:26 (time.sleep(seconds)) (stuck here)" in verdict, verdict
+        assert "rank 0 in torch.distributed.distributed_c10d.all_reduce" in verdict, verdict
+    ranks = [[r["rank"] for r in a.summary()["hang"]["ranks"]] for a in j.agents]
+    assert ranks == [[0, 1], [0, 1]]
