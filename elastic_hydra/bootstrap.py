@@ -25,6 +25,7 @@ script's environment.
 from __future__ import annotations
 
 import _thread
+import atexit
 import builtins
 import faulthandler
 import importlib.machinery
@@ -105,10 +106,23 @@ def _watch_self() -> None:
         faulthandler.register(int(signum), file=_stacks, all_threads=True, chain=False)
     if progress and every:
         fd = os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        _thread.start_new_thread(_note_progress, (fd, float(every), main))
+        # Both held while the watch runs: `stop` is released to end it, `done` by it as it ends.
+        stop, done = _thread.allocate_lock(), _thread.allocate_lock()
+        stop.acquire()
+        done.acquire()
+        _thread.start_new_thread(_note_progress, (fd, float(every), main, stop, done))
+
+        def end_watch() -> None:
+            # Before the interpreter finalizes: a thread still running then is ended by
+            # pthread_exit when it next takes the GIL, which can abort a process whose C++
+            # libraries (torch) are being torn down.
+            stop.release()
+            done.acquire(timeout=1.0)
+
+        atexit.register(end_watch)
 
 
-def _note_progress(fd: int, every: float, main: int) -> None:
+def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> None:
     """Each time the main thread's stack changed since the last look, the time, in `fd`.
 
     A stack is the code and the bytecode offset of each frame: a rank blocked in a call
@@ -127,9 +141,12 @@ def _note_progress(fd: int, every: float, main: int) -> None:
             if (now := hash(tuple(here))) != last:
                 last = now
                 os.pwrite(fd, b"%-20.3f\n" % time.time(), 0)
-            time.sleep(every)
-    except BaseException:  # never the worker's problem (e.g. at interpreter shutdown)
+            if stop.acquire(timeout=every):  # released: the worker is exiting
+                return
+    except BaseException:  # never the worker's problem
         return
+    finally:
+        done.release()
 
 
 def _listen_on_agents_socket(fd: int) -> None:

@@ -96,10 +96,7 @@ class LocalHangWatch:
         return record if self.job is None else self.job.share_hang(record)
 
     def _look(self, local_rank: int, now: float) -> None:
-        note = self.run.progress_file(self.workers.attempt, local_rank)
-        changed = None
-        with contextlib.suppress(OSError, ValueError):
-            changed = float(note.read_text().split()[0])
+        changed = _read_time(self.run.progress_file(self.workers.attempt, local_rank))
         cpu = cpu_seconds(self.workers.pids[local_rank])
         self.ranks[local_rank].observe(now=now, stack_changed=changed, cpu=cpu)
 
@@ -188,6 +185,16 @@ def _with_threads(rank: HangRank, threads: tuple[ThreadStack, ...], main: int | 
             if not all(hangs.is_library(f.filename) for f in t.frames) or t is first
         ),
     )
+
+
+def _read_time(path: Path) -> float | None:
+    """The time a progress note holds; None before the worker's first note (the file may
+    exist, still empty) or when it cannot be read."""
+    try:
+        words = path.read_text().split()
+        return float(words[0]) if words else None
+    except (OSError, ValueError):
+        return None
 
 
 def _source(frame: Frame) -> str:
