@@ -319,6 +319,8 @@ class _Dispatch:
             devnull = os.open(os.devnull, os.O_RDONLY)
             for target, fd in ((0, devnull), (1, log), (2, log)):
                 os.dup2(fd, target)
+            # The interpreter's own streams: a live table may have replaced sys.stdout/stderr.
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
             os.environ.update(slot.env())
             if slot.cpus is not None:  # inherited by every thread and process the job makes
                 os.sched_setaffinity(0, slot.cpus)

@@ -362,3 +362,10 @@ def test_on_a_terminal_the_jobs_are_a_live_table(tmp_path: Path) -> None:
     assert "elastic-hydra pool" in text and "running" in text  # the live table, while they ran
     assert "[pool]" not in text  # no plain lines on a terminal
     assert "elastic-hydra sweep" in text  # the final table
+    # Each job wrote plain lines to its own console.log, not through the live display.
+    log = next((tmp_path / "logs").rglob("0/console.log")).read_text()
+    assert "elastic-hydra pool" not in log and "\x1b[" not in log
+    done = [line for line in log.splitlines() if line.startswith("elastic-hydra: succeeded")]
+    assert len(done) == 1 and done[0].endswith("/0"), (
+        log
+    )  # whole, not folded at the terminal's width
