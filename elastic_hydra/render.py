@@ -325,6 +325,9 @@ def print_report(summary: RunSummary, events: Sequence[Mapping[str, Any]]) -> No
     )
     if summary.status != "succeeded":
         ending = outcome_report(summary, plain=plain, width=out.width)
+    elif summary.hang is not None:  # hang.action=report, or a restart that then succeeded
+        hang = [Text(f"reported on the way: {summary.hang.verdict}", style="yellow")]
+        ending = Group(*hang, *hang_section(summary.hang, plain=plain), ending)
     _print(out, timeline(events, plain=plain), attempts_table(events, plain=plain), ending)
 
 

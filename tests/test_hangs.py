@@ -163,6 +163,10 @@ def test_a_rank_late_for_all_reduce_is_named_within_the_timeout(
     if action == "fail":
         assert summary["message"] == hang["verdict"]
         assert hang["verdict"] in stderr  # the closing report leads with it
+    shown = run("report", str(run_dir), cwd=tmp_path)  # later, from the files
+    assert (
+        hang["verdict"] in shown.stdout and 'hang_gloo.py", line 26, in load_batch' in shown.stdout
+    )
 
 
 def probe(
