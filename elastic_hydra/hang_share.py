@@ -79,22 +79,25 @@ def share_hang(
             time.sleep(0.1)
     ranks = sorted((r for rs in found.values() for r in rs), key=lambda r: r.rank)
     text, odd = hangs.verdict(ranks, record.idle_s)
-    missing = nodes - len(found)
+    missing = nodes - sum(1 for rs in found.values() if rs)
     if missing:
         text += f" ({missing} node(s) did not say where their ranks are)"
     return replace(record, verdict=text, ranks=tuple(replace(r, odd=r.rank in odd) for r in ranks))
 
 
 def _read_ranks(store: Store, key: str) -> list[HangRank] | None:
+    """A node's ranks: None while they are not there (or the store did not answer: asked
+    again), [] when what is there does not read as ranks."""
     try:
         if not store.check([key]):
             return None
         raw = bytes(store.get(key))
-        if len(raw) > MAX_BYTES:
-            return []
-        data = json.loads(raw)
+    except Exception:
+        return None
+    try:
+        data = json.loads(raw) if len(raw) <= MAX_BYTES else None
         if not isinstance(data, list):
             return []
         return [HangRank.from_json(item) for item in data[:MAX_RANKS]]
-    except Exception:  # unreadable, malformed: that node's ranks stay unknown
+    except (ValueError, TypeError):
         return []

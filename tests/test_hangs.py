@@ -22,8 +22,8 @@ from launch import run, started
 from multinode import FAST, job
 from test_agent_real import read_events
 
-from elastic_hydra import hangs
-from elastic_hydra.records import HangRank
+from elastic_hydra import hang_share, hangs
+from elastic_hydra.records import HangRank, HangRecord
 from elastic_hydra.tracebacks import parse_threads
 
 pytestmark = pytest.mark.timeout(120)
@@ -268,3 +268,61 @@ def test_two_nodes_both_name_the_stuck_rank_on_the_other_node(tmp_path: Path) ->
         assert "rank 0 in torch.distributed.distributed_c10d.all_reduce" in verdict, verdict
     ranks = [[r["rank"] for r in a.summary()["hang"]["ranks"]] for a in j.agents]
     assert ranks == [[0, 1], [0, 1]]
+
+
+class FlakyStore:
+    """An in-memory store whose first `failures` reads raise, as a loaded TCPStore may."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.data: dict[str, bytes] = {}
+        self.failures = failures
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def check(self, keys: list[str]) -> bool:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("Socket Timeout")
+        return all(k in self.data for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+
+def hang_of(*ranks: HangRank) -> HangRecord:
+    return HangRecord(verdict="", idle_s=3.0, timeout_s=2.0, action="fail", attempt=0, time=0.0,
+                      ranks=ranks)  # fmt: skip
+
+
+def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
+    store = FlakyStore(failures=2)  # the other node's ranks are asked for again, not dropped
+    other = json.dumps([rank(1, file="/u/data.py", line=88, code="time.sleep(60)").to_json()])
+    store.set("elastic_hydra/r/hang/ranks/0/1/1", other)
+    mine = hang_of(rank(0, file="/u/t.py", line=3, call="torch.distributed.all_reduce"))
+    shared = hang_share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
+                                   stopped=lambda: False)  # fmt: skip
+    assert [r.rank for r in shared.ranks] == [0, 1] and [r.odd for r in shared.ranks] == [
+        False,
+        True,
+    ]
+    assert shared.verdict.startswith("hang after 3 s without progress: rank 1 at data.py:88")
+
+
+def test_a_node_whose_ranks_do_not_read_is_named_as_missing() -> None:
+    store = FlakyStore()
+    store.set("elastic_hydra/r/hang/ranks/0/1/1", '[{"rank": "zero"}]')  # untrusted, malformed
+    mine = hang_of(rank(0, file="/u/t.py", line=3))
+    shared = hang_share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
+                                   stopped=lambda: False)  # fmt: skip
+    assert [r.rank for r in shared.ranks] == [0]
+    assert shared.verdict.endswith("(1 node(s) did not say where their ranks are)")
+
+
+def test_no_node_may_claim_progress_in_the_future() -> None:
+    store = FlakyStore()
+    hang_share.publish_progress(store, "r", 0, 0, 100.0)
+    hang_share.publish_progress(store, "r", 0, 1, 1e12)  # forged
+    store.set("elastic_hydra/r/hang/progress/0/2", "not a time")
+    assert hang_share.latest_progress(store, "r", 0, 3, now=200.0) == 200.0
+    assert hang_share.latest_progress(store, "r", 0, 1, now=200.0) == 100.0
