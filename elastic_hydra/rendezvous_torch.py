@@ -271,16 +271,23 @@ class TorchRendezvous:
             ) from None
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
+        first_round = self.store is None
         try:
-            master = self._master(info)  # first: a joining node's torch handler waits for it
             group_rank = self._group_rank(info)
+            if info.rank == 0:  # first: a joining torchrun node's handler waits for it
+                master = self._master(info)
             node = job_store.assign_ranks(
                 self.plan.role, self.plan.nproc_per_node, info.store, group_rank, info.world_size
             )
+            if info.rank != 0:  # after our role info: a torchrun node 0 waits for it
+                master = self._master(info)
             # Every elastic-hydra node published its facts before its part of assign_ranks.
             facts = job_store.read_facts(info.store, info.world_size, wait=False)
+        except RendezvousError:
+            raise
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
+        self._check_mixed(len(facts) < info.world_size, first_round)
         other = job_store.config_mismatch(facts, info.rank)
         if other is not None:
             raise RendezvousError(
@@ -328,6 +335,10 @@ class TorchRendezvous:
         nothing, node 0 starts a fresh store for the workers and publishes it; the others read.
         """
         store = info.store
+        if info.rank != 0 and not store.check([MASTER_ADDR]):
+            # Node 0 assigned the ranks without publishing the round's store: a torchrun agent
+            # that keeps its first round's store (see _check_mixed).
+            raise RendezvousError(self._mixed_restart_advice("node 0, a torchrun agent, keeps"))
         if info.rank == 0 and not store.check([MASTER_ADDR]):
             addr = info.bootstrap_store_info.master_addr
             self._worker_store = bound_tcp_store(addr, 0, multi_tenant=True, wait_for_workers=False)
@@ -335,6 +346,27 @@ class TorchRendezvous:
             store.set(MASTER_PORT, str(self._worker_store.port).encode())
         addr = store.get(MASTER_ADDR).decode()
         return Endpoint(host=addr, port=int(store.get(MASTER_PORT).decode()))
+
+    def _check_mixed(self, mixed: bool, first_round: bool) -> None:
+        """A job with torchrun agents in it restarts only without TCP store sharing: torch
+        2.13's agents keep their first round's store for the workers and never re-read its
+        address, while their workers reuse it without a per-attempt prefix (stale keys)."""
+        if not mixed or not self.handler.use_agent_store:
+            return
+        if not first_round:
+            raise RendezvousError(self._mixed_restart_advice("the torchrun agents in it keep"))
+        self.say(
+            "elastic-hydra: warning: torchrun agents are in this job; its workers cannot "
+            "restart unless every node sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+        )
+
+    def _mixed_restart_advice(self, who_keeps: str) -> str:
+        return (
+            f"cannot start the workers of a new round of the {self.where}: {who_keeps} the "
+            "workers' store of their first round (torch's TCP store sharing), so restarted "
+            "workers would meet stale keys. Set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every "
+            "node of a job that mixes torchrun and elastic-hydra agents"
+        )
 
     def _blocking(self, call: Callable[[], _T], what: str) -> _T:
         """Run a blocking torch call in a thread so that a signal still stops the agent."""

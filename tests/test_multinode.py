@@ -10,6 +10,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import psutil
 import pytest
 from conftest import WORKERS, free_port, wait_for
 from launch import launcher_env, on_a_terminal
-from multinode import FAST, job, rdzv_server
+from multinode import FAST, Job, job, rdzv_server
 from servers import EtcdServer, etcd_server
 
 AGENT_DEADLINE = 150.0  # agents and workers each import torch: ~2 s of CPU apiece on 2 cores
@@ -396,6 +397,67 @@ def test_an_elastic_hydra_agent_and_a_torchrun_agent_form_one_job(tmp_path: Path
     # Both agents leave through the same exit barrier: neither waits for a timeout.
     barrier = [e for e in j.agents[0].events() if e["event"] == "exit_barrier"]
     assert barrier and barrier[0]["completed"] is True
+
+
+def torchrun_argv(j: Job, port: int, *extra: str) -> list[str]:
+    return [
+        str(Path(sys.executable).with_name("torchrun")), "--nnodes=2", "--nproc-per-node=1",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={j.run_id}",
+        "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3",
+        "--local-addr=127.0.0.1", *extra, str(WORKERS / "elastic.py"),
+    ]  # fmt: skip
+
+
+NO_SHARING = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "FAIL_RANK": "0"}
+
+
+@pytest.mark.parametrize("first", ["elastic-hydra", "torchrun"])
+def test_a_mixed_job_restarts_in_either_start_order_without_store_sharing(
+    tmp_path: Path, first: str
+) -> None:
+    # Rank 0 fails once; both agents restart into a new round. The first agent to start hosts
+    # the c10d store (node 0), so both orders put the other launcher's agent on node 1.
+    port = free_port()
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        ours = ("nnodes=2", "nproc_per_node=1", "restart.max_restarts=2", *FAST)
+        theirs = torchrun_argv(j, port, "--max-restarts=2")
+        for n in range(2):
+            if (n == 0) == (first == "elastic-hydra"):
+                j.start(*ours, env=NO_SHARING)
+            else:
+                j.start(argv=theirs, env=NO_SHARING)
+            wait_for(
+                lambda: listening(port), 30, "the first agent to host the store", interval=0.05
+            )
+        assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
+    assert (tmp_path / "out" / "failed").exists()  # rank 0 did fail once
+    records = j.records()
+    assert len(records) == 4, records  # two rounds of two ranks
+    check_allreduce(j.world(2), 2)
+    assert records[-1]["master"] == records[-2]["master"]  # one store for the new round
+
+
+def listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False
+
+
+def test_a_mixed_job_with_store_sharing_stops_at_its_first_restart_and_says_why(
+    tmp_path: Path,
+) -> None:
+    # torch 2.13's agents keep their first round's worker store; a restart would then hang on
+    # stale keys. Our agent says so in one line instead of waiting on the store for a minute.
+    port = free_port()
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        j.start(argv=torchrun_argv(j, port, "--max-restarts=2"), env={"FAIL_RANK": "0"})
+        ours = j.start("nnodes=2", "nproc_per_node=1", "restart.max_restarts=2", *FAST,
+                       env={"FAIL_RANK": "0"})  # fmt: skip
+        wait_for(lambda: ours.proc.poll() is not None, 60, "our agent to stop", interval=0.1)
+        j.stop()
+    assert ours.proc.returncode == 3, ours.text()
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node" in ours.text()
+    assert "torchrun agents are in this job" in ours.text()  # warned in the first round
 
 
 def test_the_rdzv_server_stopped_by_a_signal_exits_128_plus_its_number(tmp_path: Path) -> None:
