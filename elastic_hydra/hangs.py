@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from elastic_hydra.records import HangRank
-from elastic_hydra.tracebacks import Frame, ThreadStack
+from elastic_hydra.tracebacks import Frame, ThreadStack, is_launcher_frame
 
 # Where a frame belongs to a library or to Python itself rather than to the user's program.
 _LIBRARY = re.compile(
@@ -82,6 +82,22 @@ def place(rank: HangRank) -> str:
         return f"in {rank.call} called from {user}" if user else f"in {rank.call}"
     code = f" ({rank.code})" if rank.code else ""
     return f"at {user}{code}" if user else "at an unknown place"
+
+
+def main_stack_lines(rank: HangRank) -> list[str] | None:
+    """The rank's main-thread frames as Python prints a traceback's (outermost first), the
+    launcher's own hidden; None when no main thread was dumped."""
+    main = next((t for t in rank.threads if t.get("main")), None)
+    if main is None:
+        return None
+    frames = (
+        Frame(filename=f["filename"], lineno=f["lineno"], name=f["name"]) for f in main["frames"]
+    )
+    return [
+        f'  File "{f.filename}", line {f.lineno}, in {f.name}'
+        for f in frames
+        if not is_launcher_frame(f)
+    ]
 
 
 def _base(path: str) -> str:

@@ -22,7 +22,7 @@ from rich.traceback import Frame as RichFrame
 from rich.traceback import Stack as RichStack
 from rich.traceback import Trace, Traceback
 
-from elastic_hydra import tracebacks
+from elastic_hydra import hangs, tracebacks
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.notices import took
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
@@ -243,15 +243,9 @@ def hang_section(hang: HangRecord, *, plain: bool) -> list[RenderableType]:
     parts: list[RenderableType] = []
     shown = [r for r in hang.ranks if r.odd] or list(hang.ranks[:1])
     for r in shown:
-        main = next((t for t in r.threads if t.get("main")), None)
         where = f"rank {r.rank} (local rank {r.local_rank}) on {r.host}, pid {r.pid}: {r.state}"
         parts.append(Text(where, style="bold yellow"))
-        if main is None:
-            continue
-        for f in main["frames"]:  # outermost first, as Python prints a traceback
-            frame = tracebacks.Frame(filename=f["filename"], lineno=f["lineno"], name=f["name"])
-            if not tracebacks.is_launcher_frame(frame):
-                parts.append(Text(f'  File "{f["filename"]}", line {f["lineno"]}, in {f["name"]}'))
+        parts += [Text(line) for line in hangs.main_stack_lines(r) or ()]
     parts.append(Text(f"every rank's stacks: attempt_{hang.attempt}/<local rank>/stacks.txt"))
     return parts
 

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
-from elastic_hydra import hangs, tracebacks
+from elastic_hydra import hangs
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.hang_watch import Workers, dump_ranks
 from elastic_hydra.records import HangRank
@@ -104,16 +104,7 @@ def _alive(pid: int) -> bool:
 
 
 def _stack_text(rank: HangRank) -> str:
-    main = next((t for t in rank.threads if t.get("main")), None)
-    if main is None:
+    lines = hangs.main_stack_lines(rank)
+    if lines is None:
         return f"  (rank {rank.rank}: {rank.state.replace('_', ' ')})"
-    frames = [
-        tracebacks.Frame(filename=f["filename"], lineno=f["lineno"], name=f["name"])
-        for f in main["frames"]
-    ]
-    lines = [
-        f'  File "{f.filename}", line {f.lineno}, in {f.name}'
-        for f in frames
-        if not tracebacks.is_launcher_frame(f)
-    ]
     return "\n".join(lines)

@@ -61,7 +61,7 @@ ALLOWED: dict[str, set[str]] = {
     "stopsignals": {"logpump"},
     "capture": {"outcome", "records", "rundir", "tracebacks"},
     "summary": {"outcome", "plan", "records", "tracebacks"},
-    "render": {"gpus", "notices", "plan", "records", "redact", "tracebacks"},
+    "render": {"gpus", "hangs", "notices", "plan", "records", "redact", "tracebacks"},
     "notices": {"events", "records"},
     # the pool of a sweep (the Hydra side is the plugin, hydra_plugins.elastic_hydra_pool)
     "pool": {"errors", "gpus", "records", "rundir", "stopsignals"},

@@ -116,7 +116,6 @@ def launch(kind: str, case: Case, tmp: Path) -> Snapshots:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Snapshots]]:
     """case name -> launcher -> snapshots, each case run under both launchers."""
-    pytest.importorskip("torch.distributed.run")
     results: dict[str, dict[str, Snapshots]] = {}
     for case in cases():
         tmp = tmp_path_factory.mktemp(case.name)
