@@ -29,6 +29,9 @@ from elastic_hydra.seams import (
     WorkerGroupFactory,
 )
 
+STOP_SIGNAL_WINDOW = 0.5  # seconds a worker's death by a stop signal waits for the agent's own
+_STOP_SIGNAL_NAMES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
+
 
 class _Ended(enum.Enum):
     SUCCEEDED = "succeeded"
@@ -141,10 +144,11 @@ class Executor:
                 records = [self._record(exited, node) for exited in group.wait(self.check_every)]
             except LogWriteError as exc:  # a full disk: stop, say why (no restart would help)
                 return _Ended.LOGS_FAILED, str(exc)
-            if (signum := self.stop_request.signum) is not None:
+            failed = [r for r in records if r.failed]
+            if self._stop_signalled(failed) and (signum := self.stop_request.signum) is not None:
                 self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
                 return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
-            if failed := [r for r in records if r.failed]:
+            if failed:
                 if self.elastic and (lost := self._node_lost(failed)) is not None:
                     return lost
                 for record in failed:
@@ -158,6 +162,16 @@ class Executor:
                 return ended
             if self.check_every is not None and (ended := self._membership()) is not None:
                 return ended
+
+    def _stop_signalled(self, failed: list[WorkerExit]) -> bool:
+        """Whether a stop signal reached the agent. Workers killed by a stop signal may have
+        got it together with the agent (scancel signals a whole Slurm step, a terminal's Ctrl-C
+        the process group), and its own may arrive a moment later: wait that moment."""
+        if self.stop_request.signum is None and failed:
+            names = {describe_returncode(r.returncode).signal for r in failed}
+            if names <= _STOP_SIGNAL_NAMES:
+                self.clock.sleep(STOP_SIGNAL_WINDOW)  # returns at once when it comes
+        return self.stop_request.signum is not None
 
     def _check_hang(self, group: WorkerGroup) -> tuple[_Ended, str] | None:
         if self.hang is None or (hang := self.hang.check(group.running())) is None:
