@@ -19,7 +19,7 @@ from typing import Any
 from elastic_hydra import hangs
 from elastic_hydra.records import HangRank, HangRecord
 
-SHARE_WAIT = 5.0  # seconds a node waits for the others' ranks after a hang
+SHARE_WAIT = 15.0  # seconds a node waits for the others' ranks after a hang (they find it too)
 MAX_RANKS = 4096  # per node, from the store
 MAX_BYTES = 4 << 20
 _KEY = "elastic_hydra/{run_id}/hang/{what}"
