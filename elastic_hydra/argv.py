@@ -1,7 +1,7 @@
 """Our command line, split into what Hydra reads and what we keep.
 
     elastic-hydra [JOB.yaml] [-m] [--plan[=json|yaml]] [key=value ...] [-- SCRIPT ARGS ...]
-    elastic-hydra [--plan[=json|yaml]] [TORCHRUN FLAGS] [key=value ...] SCRIPT [SCRIPT ARGS ...]
+    elastic-hydra [--plan[=json|yaml]] [TORCHRUN FLAGS] [key=value ...] [--] SCRIPT [SCRIPT ARGS ...]
 
 A job file becomes Hydra's `--config-dir/--config-name`; `--plan` is ours; the words after `--`
 (or after the script, in torchrun's form) are the script's own arguments, appended to the job's
@@ -33,6 +33,7 @@ from elastic_hydra.torchrun_cli import (
 from elastic_hydra.torchrun_rdzv import Given, Setting
 
 PLAN_FORMATS = ("text", "json", "yaml")
+ENTRYPOINT_KEYS = ("script", "module", "cmd")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,7 +190,11 @@ def _scan(argv: list[str], hydra_flags: HydraFlags) -> _Words:
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
-            w.script_args = tuple(argv[i + 1 :])
+            rest = argv[i + 1 :]
+            if _script_after_dashes(w, rest):  # torchrun's `--nproc-per-node=2 -- train.py`
+                w.script, w.script_args = rest[0], tuple(rest[1:])
+            else:
+                w.script_args = tuple(rest)
             break
         if arg == "--plan" or arg.startswith("--plan="):
             w.plan, i = _plan_format(arg), i + 1
@@ -213,6 +218,14 @@ def _scan(argv: list[str], hydra_flags: HydraFlags) -> _Words:
             w.script, w.script_args = arg, tuple(argv[i + 1 :])
             break
     return w
+
+
+def _script_after_dashes(w: _Words, rest: list[str]) -> bool:
+    """torchrun reads the first word after `--` as its script. So does a command with torchrun's
+    flags that names no entrypoint otherwise (no job file, no script=/module=/cmd=); in any other
+    command, the words after `--` are the script's arguments."""
+    named = any(o.split("=", 1)[0].lstrip("+~") in ENTRYPOINT_KEYS for o in w.overrides)
+    return bool(w.given) and w.job is None and not named and bool(rest) and rest[0][:1] != "-"
 
 
 def own_words(argv: Sequence[str]) -> list[str]:

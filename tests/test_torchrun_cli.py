@@ -387,3 +387,21 @@ def test_the_script_replaces_a_job_files_entrypoint(here: Path) -> None:
     cfg: Any = compose("job.yaml", "--nproc-per-node=2", "train.py", "a")
     assert (cfg.script, cfg.module, cfg.cmd, cfg.nproc_per_node) == ("train.py", None, None, 2)
     assert list(cfg.args) == ["a"]
+
+
+def test_the_script_after_dashes_is_torchruns_with_its_flags_only() -> None:
+    # torchrun reads `-- train.py --lr 0.1` as the script and its args
+    inv = parse("--nproc-per-node=2", "--", "train.py", "--lr", "0.1")
+    assert overrides("--nproc-per-node=2", "--", "train.py") == {
+        "script": "'train.py'", "nproc_per_node": "2",
+    }  # fmt: skip
+    assert inv.script_args == ("--lr", "0.1")
+    module = parse("--nproc-per-node=2", "-m", "--", "pkg.train", "--x")
+    assert "module='pkg.train'" in module.overrides and module.script_args == ("--x",)
+    # Our own form keeps `--` for the script's args: with an entrypoint override, a job file, no
+    # torchrun flag, or a word after `--` that is a flag
+    named = parse("--nproc-per-node=2", "script=t.py", "--", "train.py")
+    assert "script=t.py" in named.overrides and named.script_args == ("train.py",)
+    plain = parse("nproc_per_node=2", "--", "train.py")
+    assert not plain.torchrun and plain.script_args == ("train.py",)
+    assert parse("--nproc-per-node=2", "--", "--lr").script_args == ("--lr",)
