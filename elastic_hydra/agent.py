@@ -264,6 +264,12 @@ def _failed_elsewhere(
     )
 
 
+def _failure_text(run: RunDir, exit: WorkerExit, tail_lines: int) -> str:
+    """A failed worker's error and the end of its stderr, to tell a lost peer from its own fault."""
+    detail = read_failure(run, exit, tail_lines)
+    return "\n".join((detail.message, *detail.stderr_tail))
+
+
 def _job_failures(ended: JobFailures) -> list[FailureRecord]:
     """The other nodes' records, typed; a record that does not read as one is ignored, and so
     said, like one that failed the store's checks."""
@@ -351,6 +357,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
                 observer=events,
                 stop=flag,
                 hang=LocalHangWatch(plan, run_dir, HOST, job=_job_share(rdzv)),
+                failure_text=lambda e: _failure_text(run_dir, e, plan.logs.tail_lines),
             ).run()
             ended = rdzv.end(outcome.status, events)
             job_failures = _job_failures(ended)

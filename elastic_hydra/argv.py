@@ -1,7 +1,7 @@
 """Our command line, split into what Hydra reads and what we keep.
 
     elastic-hydra [JOB.yaml] [-m] [--plan[=json|yaml]] [key=value ...] [-- SCRIPT ARGS ...]
-    elastic-hydra [--plan[=json|yaml]] [TORCHRUN FLAGS] [key=value ...] [--] SCRIPT [SCRIPT ARGS ...]
+    elastic-hydra [--plan[=json|yaml]] [TORCHRUN FLAGS] [key=value ...] [--] SCRIPT [ARGS ...]
 
 A job file becomes Hydra's `--config-dir/--config-name`; `--plan` is ours; the words after `--`
 (or after the script, in torchrun's form) are the script's own arguments, appended to the job's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from elastic_hydra import policy
@@ -15,7 +16,7 @@ from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartErro
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import RunOutcome, Status, WorkerExit, root_cause
 from elastic_hydra.plan import Action, Dynamic, HangAction, LaunchPlan, Standalone, Static
-from elastic_hydra.records import HangRecord, describe_returncode
+from elastic_hydra.records import HangRecord, PeerFailure, describe_returncode, lost_a_peer
 from elastic_hydra.seams import (
     ChangeKind,
     Clock,
@@ -55,6 +56,7 @@ class _State:
     node: NodeAssignment | None = None
     reason: str = ""
     hang: HangRecord | None = None
+    peers: list[PeerFailure] = field(default_factory=list)
 
 
 class Executor:
@@ -70,6 +72,7 @@ class Executor:
         observer: Observer,
         stop: StopRequest,
         hang: HangWatch | None = None,
+        failure_text: Callable[[WorkerExit], str] = lambda _exit: "",
     ) -> None:
         self.plan = plan
         self.rdzv = rendezvous
@@ -78,6 +81,7 @@ class Executor:
         self.observer = observer
         self.stop_request = stop
         self.state = _State()
+        self.failure_text = failure_text  # a failed worker's error and stderr tail
         # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
@@ -149,8 +153,8 @@ class Executor:
                 self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
                 return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
             if failed:
-                if self.elastic and (lost := self._node_lost(failed)) is not None:
-                    return lost
+                if (collateral := self._collateral(group, node, failed)) is not None:
+                    return collateral
                 for record in failed:
                     self.rdzv.publish_failure(record)
                 first = failed[0]
@@ -195,16 +199,22 @@ class Executor:
                 return _Ended.HUNG_FAIL, hang.verdict
         return None
 
-    def _node_lost(self, failed: list[WorkerExit]) -> tuple[_Ended, str] | None:
-        """In an elastic job, a node that dies breaks the others' collectives: their workers
-        fail before the missing heartbeats tell. Wait that long for the rendezvous to say so;
-        if it does, the failures were its collateral: no restart is spent and none of them is
-        the root cause. A real failure here waits as long before it counts."""
-        assert isinstance(self.plan.rdzv, Dynamic)
-        spec = self.plan.rdzv
+    def _collateral(
+        self, group: WorkerGroup, node: NodeAssignment, failed: list[WorkerExit]
+    ) -> tuple[_Ended, str] | None:
+        """Another node whose workers fail, restart or die breaks this node's collectives: its
+        workers fail before the rendezvous tells. Wait that long for it to tell: in an elastic
+        job after any failure (a dead node shows only by its missing heartbeats), in any
+        multi-node job after failures that all read as a lost peer. If it tells, the failures
+        were collateral: no restart is spent, none is published, none is the root cause. A
+        failure of this node's own (one that does not read as a lost peer) ends the wait."""
+        if not isinstance(spec := self.plan.rdzv, Dynamic):
+            return None
+        if not self.elastic and not all(lost_a_peer(self.failure_text(r)) for r in failed):
+            return None
         deadline = self.clock.mono() + spec.departure_bound + spec.keep_alive_interval + 1
         while self.stop_request.signum is None and self.clock.mono() < deadline:
-            if (ended := self._membership()) is not None:
+            if (ended := self._membership(collateral=failed)) is not None:
                 collateral = {id(r) for r in failed}
                 self.state.exits = [
                     replace(e, after_node_loss=True) if id(e) in collateral else e
@@ -212,18 +222,33 @@ class Executor:
                 ]
                 ranks = ",".join(str(r.rank) for r in failed)
                 return ended[0], f"{ended[1]} (rank(s) {ranks} failed with it)"
-            self.clock.sleep(self.plan.monitor_interval)
+            if not group.running():  # nothing to wait on: wait returns at once
+                self.clock.sleep(self.plan.monitor_interval)
+                continue
+            try:
+                exits = group.wait(self.plan.monitor_interval)
+                more = [r for r in (self._record(e, node) for e in exits) if r.failed]
+            except LogWriteError as exc:
+                return _Ended.LOGS_FAILED, str(exc)
+            failed += more
+            if not self.elastic and not all(lost_a_peer(self.failure_text(r)) for r in more):
+                return None
         return None
 
-    def _membership(self) -> tuple[_Ended, str] | None:
+    def _membership(self, collateral: Sequence[WorkerExit] = ()) -> tuple[_Ended, str] | None:
         try:
             change = self.rdzv.poll()
         except RendezvousError as exc:
             return _Ended.RENDEZVOUS_LOST, str(exc)
         if change is None:
             return None
+        self.state.peers += change.peers
         self.observer.emit(
-            EventKind.MEMBERSHIP, change=change.kind.value, reason=change.reason, nodes=change.nodes
+            EventKind.MEMBERSHIP,
+            change=change.kind.value,
+            reason=change.reason,
+            nodes=change.nodes,
+            **({"collateral": [r.rank for r in collateral]} if collateral else {}),
         )
         match change.kind:
             case ChangeKind.JOINED:
@@ -346,6 +371,7 @@ class Executor:
             signal=signum,
             stuck_pids=tuple(self.state.stuck),
             hang=self.state.hang,
+            peer_failures=tuple(self.state.peers),
         )
         self.observer.emit(
             EventKind.FINISH,

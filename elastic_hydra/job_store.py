@@ -109,6 +109,25 @@ def assign_ranks(
     }
 
 
+def node_ranks(store: Store, nodes: Collection[int]) -> dict[int, str]:
+    """The global ranks ("2-3") of these nodes' workers in the round, from torchrun's rank
+    assignment; a node whose keys are missing or do not read as such (the store is untrusted)
+    is left out."""
+    out: dict[int, str] = {}
+    for node in nodes:
+        keys = [f"{ROLE_INFO}{node}", f"{ASSIGNED_RANKS}{node}"]
+        try:
+            if not store.check(keys):
+                continue
+            info, assigned = (json.loads(raw) for raw in store.multi_get(keys))
+            base, size = assigned[0], info["local_world_size"]
+        except Exception:  # not JSON, not a list, no such key: nothing said of that node
+            continue
+        if type(base) is int and type(size) is int and base >= 0 and size > 0:
+            out[node] = str(base) if size == 1 else f"{base}-{base + size - 1}"
+    return out
+
+
 def rank_table(infos: list[Mapping[str, Any]]) -> list[list[int]]:
     """[base rank, world size, base role rank, role world size] per node, in node rank order."""
     world = sum(int(i["local_world_size"]) for i in infos)

@@ -56,6 +56,11 @@ def progress(event: Event, *, multi_node: bool) -> None:
                 f"elastic-hydra: node {d['node_rank']} of {d['nodes']}, world size "
                 f"{d['world_size']}, master {d['master']}"
             )
+        case EventKind.MEMBERSHIP if d.get("collateral"):
+            ranks = ",".join(str(r) for r in d["collateral"])
+            spent = "" if d["change"] == "closed" else ": no restart spent"
+            here = f"rank(s) {ranks} here failed with it (collateral{spent})"
+            say(f"elastic-hydra: {d['reason']}; {here}")
         case EventKind.MEMBERSHIP:
             say(f"elastic-hydra: {d['reason']}")
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elastic_hydra.errors import EXIT_OK, EXIT_RENDEZVOUS, EXIT_WORKERS_FAILED
-from elastic_hydra.records import HangRecord, root_cause_of
+from elastic_hydra.records import HangRecord, PeerFailure, root_cause_of
 from elastic_hydra.tracebacks import Stack
 
 
@@ -28,7 +28,7 @@ class WorkerExit:
     attempt: int  # its group's start: 0, 1, ... (after failures and membership changes alike)
     restart_count: int = 0  # restarts for failures before its start
     terminated_by_launcher: bool = False
-    after_node_loss: bool = False  # failed because a node of the job died (a broken collective)
+    after_node_loss: bool = False  # failed because another node failed or died (broken collective)
 
     @property
     def failed(self) -> bool:
@@ -94,6 +94,7 @@ class RunOutcome:
     signal: int | None = None
     stuck_pids: tuple[int, ...] = ()
     hang: HangRecord | None = None  # the last hang found
+    peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
 
     @property
     def root_cause(self) -> WorkerExit | None:

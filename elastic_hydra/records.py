@@ -10,6 +10,7 @@ every field it reads (ValueError naming the field).
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import types
 import typing
@@ -34,6 +35,21 @@ _SIGNAL_HINTS = {
     signal.SIGINT: "interrupted (SIGINT)",
     signal.SIGHUP: "hung up (SIGHUP)",
 }
+
+
+# What a rank raises when a peer of its collectives went away (died, or was stopped by its own
+# agent for a restart): gloo's and the c10d store's broken connections, NCCL's remote errors.
+_LOST_PEER = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|failed to recv, got 0 bytes|"
+    r"remote process exited|ncclRemoteError|NCCL communicator was aborted|"
+    r"Application timeout caused pair closure",
+    re.IGNORECASE,
+)
+
+
+def lost_a_peer(error: str) -> bool:
+    """Whether a failed rank's error reads as a lost peer rather than a fault of its own."""
+    return _LOST_PEER.search(error) is not None
 
 
 # ---------------------------------------------------------------------------------- return codes
@@ -171,7 +187,7 @@ class FailureRecord(_Record):
     exit: str = ""  # the return code, explained
     time: float  # when it failed (wall clock)
     terminated_by_launcher: bool = False
-    after_node_loss: bool = False  # collateral of a node that died: never the root cause
+    after_node_loss: bool = False  # collateral of another node's failure or loss: never a cause
     source: str = "none"  # "exception", "error_file", "crash", "stderr", "none"
     message: str = ""
     traceback: tuple[dict[str, Any], ...] = ()  # tracebacks.to_json
@@ -254,6 +270,29 @@ class HangRecord(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PeerFailure(_Record):
+    """What the rendezvous store tells of a node that publishes no failure records of its own (a
+    torchrun agent): it restarted its workers, or it left the job. Why is in that node's logs."""
+
+    node: str  # its address and agent pid
+    node_rank: int | None = None
+    ranks: str = ""  # its workers' global ranks in that round ("2-3"); "": the store did not say
+    what: str  # "restarted its workers" or "left the job"
+    rdzv_round: int
+    time: float  # when this node saw it (wall clock)
+    launcher: str = "torchrun"
+
+    @property
+    def who(self) -> str:
+        node = "a node" if self.node_rank is None else f"node {self.node_rank}"
+        ranks = f"; ranks {self.ranks}" if self.ranks else ""
+        return f"{node} ({self.launcher} agent on {self.node}{ranks})"
+
+    def line(self) -> str:
+        return f"{self.who} {self.what}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunSummary(_Record):
     """summary.json: how a launch ended on this node. A launch that ended before its workers
     (bad input found late, a launcher bug) has only status, exit code and message."""
@@ -276,6 +315,7 @@ class RunSummary(_Record):
     job_failures: tuple[FailureRecord, ...] = ()
     exits: tuple[ExitRecord, ...] = ()
     hang: HangRecord | None = None  # the last hang found (hang.timeout)
+    peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,7 +26,7 @@ from elastic_hydra import hangs, tracebacks
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.notices import took
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
-from elastic_hydra.records import FailureRecord, HangRecord, JobResult, RunSummary
+from elastic_hydra.records import FailureRecord, HangRecord, JobResult, PeerFailure, RunSummary
 from elastic_hydra.redact import redact_env
 
 
@@ -189,6 +189,7 @@ def outcome_report(summary: RunSummary, *, plain: bool, width: int = 100) -> Ren
         parts += _root_cause(cause, plain=plain, width=width)
     elif summary.hang is not None:
         parts += hang_section(summary.hang, plain=plain)
+    parts += peer_section(summary.peer_failures)
     others = _other_ranks(summary, cause, plain=plain)
     if others is not None:
         parts.append(others)
@@ -250,6 +251,20 @@ def hang_section(hang: HangRecord, *, plain: bool) -> list[RenderableType]:
     return parts
 
 
+def peer_section(peers: Sequence[PeerFailure]) -> list[RenderableType]:
+    """What the job's torchrun agents did, as far as the store tells: their tracebacks stay in
+    their own logs."""
+    if not peers:
+        return []
+    lines: list[RenderableType] = [
+        Text("torchrun nodes (their tracebacks are in their own logs):", style="bold")
+    ]
+    for p in peers:
+        when = datetime.fromtimestamp(p.time).strftime("%H:%M:%S")
+        lines.append(Text(f"  {when} round {p.rdzv_round}: {p.line()}"))
+    return lines
+
+
 def _where(cause: FailureRecord) -> str:
     node = cause.node_rank
     return cause.host if node is None else f"{cause.host} (node {node})"
@@ -302,7 +317,7 @@ def _other_ranks(summary: RunSummary, cause: FailureRecord | None, *, plain: boo
         if e.terminated_by_launcher:
             how = f"terminated by launcher ({e.signal or how})"
         elif e.after_node_loss:
-            how = f"{how}, after a node left the job (collateral)"
+            how = f"{how}, collateral of another node's failure or loss"
         elif e.returncode == 0:
             how = "exited 0"
         table.add_row(str(e.rank), str(e.local_rank), str(e.pid), Text(how))
@@ -319,9 +334,12 @@ def print_report(summary: RunSummary, events: Sequence[Mapping[str, Any]]) -> No
     )
     if summary.status != "succeeded":
         ending = outcome_report(summary, plain=plain, width=out.width)
-    elif summary.hang is not None:  # hang.action=report, or a restart that then succeeded
-        hang = [Text(f"reported on the way: {summary.hang.verdict}", style="yellow")]
-        ending = Group(*hang, *hang_section(summary.hang, plain=plain), ending)
+    else:  # what happened on the way: a reported hang, torchrun nodes' restarts
+        on_the_way: list[RenderableType] = []
+        if summary.hang is not None:
+            on_the_way.append(Text(f"reported on the way: {summary.hang.verdict}", style="yellow"))
+            on_the_way += hang_section(summary.hang, plain=plain)
+        ending = Group(*on_the_way, *peer_section(summary.peer_failures), ending)
     _print(out, timeline(events, plain=plain), attempts_table(events, plain=plain), ending)
 
 

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 from elastic_hydra import hang_share, job_store, store_records
@@ -20,7 +20,7 @@ from elastic_hydra.errors import ConfigError, RendezvousError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import Status, WorkerExit
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
-from elastic_hydra.records import HangRecord
+from elastic_hydra.records import HangRecord, PeerFailure
 from elastic_hydra.rendezvous import listen_socket
 from elastic_hydra.seams import (
     Change,
@@ -69,6 +69,8 @@ class TorchRendezvous:
         self._round = -1
         self._hangs = 0  # hangs this agent shared (the key of the next one's ranks)
         self._seen: set[str] = set()  # every node of every round this agent took part in
+        # The round's torchrun agents (no facts published): torch's node -> (node rank, ranks)
+        self._torchrun: dict[object, tuple[int, str]] = {}
         secret = os.environ.get(store_records.SECRET_ENV)
         self.secret = secret.encode() if secret else None
         self.handler: RendezvousHandler = None  # created by the first join (network I/O)
@@ -85,20 +87,22 @@ class TorchRendezvous:
             raise RendezvousError(self._lost(exc)) from None
         state = _dynamic_state(self.handler)
         if state is not None and state.closed:
-            return Change(kind=ChangeKind.CLOSED, reason="another node ended the job")
+            return Change(kind=ChangeKind.CLOSED, reason=self._closed_reason())
         if waiting:
             # Members waiting again restarted their workers (a failure there, or they saw the
             # change first); any other waiting node is new.
             back = set(getattr(state, "wait_list", ())) & self._members
             new = waiting - len(back)
-            reason = (
-                f"{new} new node(s) waiting to join"
-                if new > 0
-                else f"{', '.join(sorted(_node_name(n) for n in back))} restarted its workers: "
-                "a new round for every node"
-            )
+            if new > 0:
+                return Change(
+                    kind=ChangeKind.JOINED, reason=f"{new} new node(s) waiting to join", nodes=new
+                )
+            what = "restarted its workers"
             return Change(
-                kind=ChangeKind.JOINED, reason=reason, nodes=new if new > 0 else len(back)
+                kind=ChangeKind.JOINED,
+                reason=f"{self._names(back)} {what}: a new round for every node",
+                nodes=len(back),
+                peers=self._peers(back, what),
             )
         if state is None:
             return None  # legacy etcd keeps no heartbeats: a departure shows as worker failures
@@ -107,11 +111,47 @@ class TorchRendezvous:
         alive = self._members & (set(state.participants) | {_this_node(self.handler)})
         if state.round == self._round and alive == self._members:
             return None
-        gone = ", ".join(sorted(_node_name(n) for n in self._members - alive)) or "a node"
+        gone = self._members - alive
         return Change(
             kind=ChangeKind.LEFT,
-            reason=f"{gone} left the job (no heartbeat for {self.spec.departure_bound:g} s)",
+            reason=f"{self._names(gone) or 'a node'} left the job (no heartbeat for "
+            f"{self.spec.departure_bound:g} s)",
             nodes=len(alive),
+            peers=self._peers(gone, "left the job"),
+        )
+
+    def _names(self, nodes: Collection[object]) -> str:
+        return ", ".join(sorted(self._name(n) for n in nodes))
+
+    def _name(self, node: object) -> str:
+        if (torchrun := self._torchrun.get(node)) is None:
+            return _node_name(node)
+        return self._peer(node, torchrun, "").who
+
+    def _peer(self, node: object, torchrun: tuple[int, str], what: str) -> PeerFailure:
+        addr, pid = getattr(node, "addr", node), getattr(node, "pid", "?")
+        node_rank, ranks = torchrun
+        return PeerFailure(
+            node=f"{addr}, pid {pid}",
+            node_rank=node_rank,
+            ranks=ranks,
+            what=what,
+            rdzv_round=self._round,
+            time=time.time(),
+        )
+
+    def _peers(self, nodes: Collection[object], what: str) -> tuple[PeerFailure, ...]:
+        """What torchrun agents among `nodes` did: they publish no failure records of their own."""
+        found = [(n, t) for n in nodes if (t := self._torchrun.get(n)) is not None]
+        return tuple(self._peer(n, t, what) for n, t in sorted(found, key=lambda f: f[1]))
+
+    def _closed_reason(self) -> str:
+        if not self._torchrun:
+            return "another node ended the job"
+        names = self._names(set(self._torchrun))
+        return (
+            f"another node ended the job; torchrun agents publish no failures, so look in the "
+            f"logs of {names}"
         )
 
     def publish_failure(self, exit: WorkerExit) -> None:
@@ -288,6 +328,7 @@ class TorchRendezvous:
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
         self._check_mixed(len(facts) < info.world_size, first_round)
+        self._torchrun = self._torchrun_nodes(info.store, set(range(info.world_size)) - set(facts))
         other = job_store.config_mismatch(facts, info.rank)
         if other is not None:
             raise RendezvousError(
@@ -346,6 +387,18 @@ class TorchRendezvous:
             store.set(MASTER_PORT, str(self._worker_store.port).encode())
         addr = store.get(MASTER_ADDR).decode()
         return Endpoint(host=addr, port=int(store.get(MASTER_PORT).decode()))
+
+    def _torchrun_nodes(self, store: Store, ranks: set[int]) -> dict[object, tuple[int, str]]:
+        """The round's nodes that published no facts (torchrun agents), by torch's node."""
+        state = _dynamic_state(self.handler)
+        if not ranks or state is None:
+            return {}
+        workers = job_store.node_ranks(store, ranks)
+        return {
+            node: (rank, workers.get(rank, ""))
+            for node, rank in state.participants.items()
+            if rank in ranks
+        }
 
     def _check_mixed(self, mixed: bool, first_round: bool) -> None:
         """A job with torchrun agents in it restarts only without TCP store sharing: torch
@@ -417,9 +470,14 @@ class TorchRendezvous:
             return f"{lost} Check that etcd is running"
         if self.spec.is_host is False:  # the store lives apart already (an rdzv-server)
             return f"{lost} Check the store's process at {self.spec.endpoint}"
+        host = "The node hosting it may have died"
+        if self._torchrun:  # a torchrun agent closes its store when its job fails
+            host = (
+                f"The node hosting it ended the job or died; torchrun agents publish no "
+                f"failures: if it is {self._names(self._torchrun)}, its logs say why"
+            )
         return (
-            f"{lost} The node hosting it may have died; run the store apart from the agents "
-            "with `elastic-hydra rdzv-server`"
+            f"{lost} {host}; run the store apart from the agents with `elastic-hydra rdzv-server`"
         )
 
 

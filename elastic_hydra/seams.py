@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import Status, WorkerExit
 from elastic_hydra.plan import Endpoint
-from elastic_hydra.records import HangRecord
+from elastic_hydra.records import HangRecord, PeerFailure
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +43,7 @@ class Change:
     kind: ChangeKind
     reason: str
     nodes: int = 0  # nodes still in the job (LEFT)
+    peers: tuple[PeerFailure, ...] = ()  # torchrun nodes that restarted their workers or left
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -57,6 +57,7 @@ def summarize(
         job_failures=tuple(job_failures),
         exits=tuple(exit_record(e) for e in outcome.exits),
         hang=outcome.hang,
+        peer_failures=outcome.peer_failures,
     )
 
 

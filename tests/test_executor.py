@@ -35,6 +35,7 @@ from elastic_hydra.plan import (
     Standalone,
 )
 from elastic_hydra.policy import backoff_delay
+from elastic_hydra.records import PeerFailure
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.seams import Change, ChangeKind, Exited, JobFailures, NodeAssignment, Observer
 
@@ -342,6 +343,7 @@ class Harness:
     rdzv: FakeRendezvous
     factory: FakeFactory
     observer: ListObserver
+    errors: dict[int, str] = field(default_factory=dict)  # a failed rank's error text
 
     def run(self) -> RunOutcome:
         executor = Executor(
@@ -351,6 +353,7 @@ class Harness:
             clock=self.clock,
             observer=self.observer,
             stop=self.stop,
+            failure_text=lambda e: self.errors.get(e.rank, ""),
         )
         return executor.run()
 
@@ -773,6 +776,80 @@ def test_a_real_failure_in_an_elastic_job_counts_once_no_node_left() -> None:
     assert [e.rank for e in rdzv.published] == [0]
     # It waited for the departure bound (5 s x 3), a heartbeat (5 s) and a second, no more.
     assert 1.2 + 21 <= h.clock.now - T0 < 1.2 + 21 + 1
+
+
+LOST_PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1961."
+TORCHRUN_NODE = PeerFailure(
+    node="10.0.0.1, pid 42", node_rank=0, ranks="0-1", what="restarted its workers",
+    rdzv_round=0, time=5.0,
+)  # fmt: skip
+
+
+def fixed_two_nodes(max_restarts: int) -> LaunchPlan:
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=max_restarts))
+    return dataclasses.replace(plan, nnodes=NodeRange(min=2, max=2))
+
+
+def test_ranks_that_lost_a_peer_which_then_restarted_are_its_collateral_in_a_fixed_job() -> None:
+    # A torchrun node's worker failed; ours broke in its collective at 1.2 s and 1.3 s; its agent
+    # re-joins the rendezvous at the second poll after the first break (polls: 0.5, 1.0, 1.2...)
+    restarted = Change(
+        kind=ChangeKind.JOINED, reason="node 0 (torchrun agent) restarted its workers", nodes=1,
+        peers=(TORCHRUN_NODE,),
+    )  # fmt: skip
+    rdzv = FakeRendezvous(
+        [assignment(nodes=2, node_rank=1), assignment(nodes=2, node_rank=1)],
+        changes=[None, None, None, restarted],
+    )
+    h = harness({0: {0: (1, 1.2), 1: (1, 1.3)}, 1: ALL_SUCCEED[0]}, plan=fixed_two_nodes(0),
+                rdzv=rdzv)  # fmt: skip
+    h.errors.update({2: LOST_PEER, 3: LOST_PEER})
+    outcome = h.run()
+
+    assert outcome.status is Status.SUCCEEDED  # restarts are off, and none was needed
+    assert (outcome.attempts, outcome.restarts) == (2, 0)
+    broken = [e for e in outcome.exits if e.returncode == 1]
+    assert [e.rank for e in broken] == [2, 3] and all(e.after_node_loss for e in broken)
+    assert rdzv.published == [] and outcome.root_cause is None
+    assert outcome.peer_failures == (TORCHRUN_NODE,)
+    (event,) = h.observer.of(EventKind.MEMBERSHIP)
+    assert event["collateral"] == [2, 3]
+
+
+def test_a_ranks_own_fault_in_a_fixed_job_restarts_at_once() -> None:
+    rdzv = FakeRendezvous([assignment(nodes=2, node_rank=1)] * 2)
+    h = harness({0: {0: (1, 1.2)}, 1: ALL_SUCCEED[0]}, plan=fixed_two_nodes(1), rdzv=rdzv)
+    h.errors[2] = "ValueError: boom"
+    outcome = h.run()
+
+    assert (outcome.status, outcome.restarts) == (Status.SUCCEEDED, 1)
+    assert [e.rank for e in rdzv.published] == [2]
+    (restart,) = h.observer.of(EventKind.RESTART)
+    assert restart["rank"] == 2 and h.clock.sleeps == [0.0]  # no wait for the rendezvous
+
+
+def test_a_peer_loss_that_no_node_explains_is_a_failure_after_the_bound() -> None:
+    rdzv = FakeRendezvous([assignment(nodes=2, node_rank=1)])
+    h = harness({0: {0: (1, 1.2)}}, plan=fixed_two_nodes(0), rdzv=rdzv)
+    h.errors[2] = LOST_PEER
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert outcome.root_cause is not None and outcome.root_cause.rank == 2
+    assert [e.rank for e in rdzv.published] == [2]
+    assert 1.2 + 21 <= h.clock.now - T0 < 1.2 + 21 + 1  # departure bound, a heartbeat, 1 s
+
+
+def test_a_fault_of_this_nodes_own_during_the_wait_ends_it() -> None:
+    # Rank 2 lost its peer: rank 3 of this node died of its own fault at 2 s.
+    rdzv = FakeRendezvous([assignment(nodes=2, node_rank=1)])
+    h = harness({0: {0: (1, 1.2), 1: (1, 2.0)}}, plan=fixed_two_nodes(0), rdzv=rdzv)
+    h.errors.update({2: LOST_PEER, 3: "ValueError: boom"})
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert sorted(e.rank for e in rdzv.published) == [2, 3]
+    assert h.clock.now - T0 < 2.5  # no wait for the departure bound
 
 
 def test_a_node_loss_below_the_minimum_ends_an_elastic_job_at_once_without_blame() -> None:

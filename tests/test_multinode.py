@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import WORKERS, free_port, wait_for
-from launch import launcher_env, on_a_terminal
+from launch import ELASTIC_HYDRA, launcher_env, on_a_terminal
 from multinode import FAST, Job, job, rdzv_server
 from servers import EtcdServer, etcd_server
 
@@ -458,6 +459,62 @@ def test_a_mixed_job_with_store_sharing_stops_at_its_first_restart_and_says_why(
     assert ours.proc.returncode == 3, ours.text()
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node" in ours.text()
     assert "torchrun agents are in this job" in ours.text()  # warned in the first round
+
+
+def test_a_torchrun_node_that_restarts_is_named_and_our_broken_ranks_are_its_collateral(
+    tmp_path: Path,
+) -> None:
+    # torchrun's rank 0 fails once; our rank 1, in a collective loop with it, breaks ("Connection
+    # closed by peer"). torchrun leaves no failure record, but its agent re-joins the rendezvous:
+    # our node names it, marks its own failure collateral and spends no restart (it has none).
+    port = free_port()
+    env = {**NO_SHARING, "LOOP": "1"}
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        j.start(argv=torchrun_argv(j, port, "--max-restarts=1"), env=env)
+        wait_for(lambda: listening(port), 30, "torchrun to host the store", interval=0.05)
+        ours = j.start("nnodes=2", "nproc_per_node=1", "restart.max_restarts=0", *FAST, env=env)
+        assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
+    check_allreduce(j.world(2), 2)
+    summary = ours.summary()
+    assert (summary["status"], summary["attempts"], summary["restarts"]) == ("succeeded", 2, 0)
+    broken = [e for e in summary["exits"] if e["returncode"] == 1]
+    assert len(broken) == 1 and broken[0]["after_node_loss"], summary["exits"]
+    (peer,) = summary["peer_failures"]
+    assert (peer["node_rank"], peer["ranks"], peer["what"], peer["launcher"]) == (
+        0, "0", "restarted its workers", "torchrun",
+    )  # fmt: skip
+    said = "node 0 (torchrun agent on 127.0.0.1, pid "
+    assert said in ours.text() and "rank(s) 1 here failed with it (collateral" in ours.text()
+    run_dir = Path(summary["run_dir"])
+    report = subprocess.run(
+        [*ELASTIC_HYDRA, "report", str(run_dir)],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert report.returncode == 0 and "torchrun nodes (their tracebacks" in report.stdout
+    assert f"round 0: {said}{peer['node'].split(', pid ')[1]}; ranks 0) restarted" in report.stdout
+
+
+def test_a_job_a_torchrun_node_ended_names_it_and_blames_none_of_ours(tmp_path: Path) -> None:
+    # torchrun's rank 0 fails with no restart left: its agent closes the rendezvous (on an rdzv
+    # server, so the store outlives it). Our broken rank is not the root cause; the node is named.
+    env = {**NO_SHARING, "LOOP": "1"}
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        theirs = [
+            f"{a},is_host=false" if a.startswith("--rdzv-conf") else a
+            for a in torchrun_argv(j, port, "--max-restarts=0")
+        ]
+        j.start(argv=theirs, env=env)
+        ours = j.start("nnodes=2", "nproc_per_node=1", "rdzv.is_host=false", *FAST, env=env)
+        assert j.finish(AGENT_DEADLINE) == [1, 1], j.explain()
+    summary = ours.summary()
+    assert summary["status"] == "failed" and summary["root_cause"] is None
+    assert summary["message"].startswith(
+        "another node ended the job; torchrun agents publish no failures, so look in the logs "
+        "of node 0 (torchrun agent on 127.0.0.1, pid "
+    )
+    broken = [e for e in summary["exits"] if e["returncode"] == 1]
+    assert len(broken) == 1 and broken[0]["after_node_loss"], summary["exits"]
+    assert "collateral of another node's failure or loss" in ours.text()
 
 
 def test_the_rdzv_server_stopped_by_a_signal_exits_128_plus_its_number(tmp_path: Path) -> None:

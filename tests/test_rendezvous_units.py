@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -9,16 +10,25 @@ from typing import Any
 import pytest
 
 from elastic_hydra.job_store import (
+    ASSIGNED_RANKS,
     NODE_FACTS,
+    ROLE_INFO,
     NodeFacts,
     config_mismatch,
+    node_ranks,
     ordered_rank,
     publish_facts,
     rank_table,
     read_facts,
 )
 from elastic_hydra.outcome import WorkerExit, root_cause
-from elastic_hydra.records import FailureRecord, job_root_cause
+from elastic_hydra.records import (
+    FailureRecord,
+    PeerFailure,
+    RunSummary,
+    job_root_cause,
+    lost_a_peer,
+)
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
@@ -144,3 +154,55 @@ def test_a_failure_record_from_the_store_is_checked_field_by_field() -> None:
             FailureRecord.from_json({**good, field: bad})
     with pytest.raises(ValueError, match=r"FailureRecord\.pid: missing"):
         FailureRecord.from_json({k: v for k, v in good.items() if k != "pid"})
+
+
+# ------------------------------------------------------------------------ torchrun nodes of a job
+def test_a_torchrun_nodes_ranks_are_read_from_its_rank_assignment_untrusted() -> None:
+    store = DictStore()
+    nodes = {0: (2, [0, 5]), 1: (3, [2, 5]), 2: (1, [5, 6]), 3: (1, ["x", 5]), 4: (-1, [6, 6])}
+    for node, (size, assigned) in nodes.items():
+        store.set(f"{ROLE_INFO}{node}", json.dumps({"role": "r", "local_world_size": size}))
+        store.set(f"{ASSIGNED_RANKS}{node}", json.dumps(assigned))
+    store.set(f"{ROLE_INFO}5", b"\x80 not json")
+    store.set(f"{ASSIGNED_RANKS}5", b"[0]")
+    # 3 and 4 hold nonsense, 5 is not JSON, 6 has no keys: nothing said of them
+    assert node_ranks(store, range(7)) == {0: "0-1", 1: "2-4", 2: "5"}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+        "peer [127.0.0.1]:1961. This is typically caused by a remote worker crashing.",
+        "RuntimeError: [pair.cc:534] Read error [10.0.0.2]:41273: Connection reset by peer",
+        "torch.distributed.DistNetworkError: failed to recv, got 0 bytes",
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote "
+        "process exited or there was a network error, NCCL version 2.21.5\nncclRemoteError: A "
+        "call failed possibly due to a network error or a remote process exiting prematurely.",
+        "RuntimeError: [pair.cc:598] Write error: Broken pipe",
+    ],
+)
+def test_errors_of_a_lost_peer_are_told_apart(error: str) -> None:
+    assert lost_a_peer(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    ["ValueError: boom from rank 0", "torch.OutOfMemoryError: CUDA out of memory.", "", "exit"],
+)
+def test_a_ranks_own_fault_is_not_a_lost_peer(error: str) -> None:
+    assert not lost_a_peer(error)
+
+
+def test_a_torchrun_nodes_failure_reads_back_from_the_summary() -> None:
+    peer = PeerFailure(
+        node="10.0.0.1, pid 42", node_rank=0, ranks="0-7", what="restarted its workers",
+        rdzv_round=3, time=1.5,
+    )  # fmt: skip
+    assert peer.line() == (
+        "node 0 (torchrun agent on 10.0.0.1, pid 42; ranks 0-7) restarted its workers"
+    )
+    summary = RunSummary(status="failed", exit_code=1, peer_failures=(peer,))
+    assert RunSummary.from_json(json.loads(json.dumps(summary.to_json()))) == summary
+    with pytest.raises(ValueError, match=r"PeerFailure\.rdzv_round"):
+        PeerFailure.from_json({**peer.to_json(), "rdzv_round": "3"})
