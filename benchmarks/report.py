@@ -115,8 +115,9 @@ METRICS: dict[str, Metric] = {
         "last_call_timeout=1 (a node without a heartbeat for 3 s has left), workers that sleep; "
         "once every worker runs, SIGKILL to the last agent (its workers die with it), until the "
         "`time` of agent 0's `membership` event with `change: left` in its events.jsonl. The "
-        "last heartbeat comes up to 1 s before the kill and torch re-reads the shared state at "
-        "most once a second, so expect 2 to 4 s.",
+        "last heartbeat comes up to 1 s before the kill, torch re-reads the shared state at "
+        "most once a second, and a departure counts when a second read confirms it, so expect "
+        "2 to 5 s.",
         3.0, "bound",
     ),
 }  # fmt: skip

@@ -265,9 +265,10 @@ def _failed_elsewhere(
 
 
 def _failure_text(run: RunDir, exit: WorkerExit, tail_lines: int) -> str:
-    """A failed worker's error and the end of its stderr, to tell a lost peer from its own fault."""
+    """A failed worker's error (else its last lines of stderr: a C++ abort leaves no error
+    file), to tell a lost peer from a fault of its own."""
     detail = read_failure(run, exit, tail_lines)
-    return "\n".join((detail.message, *detail.stderr_tail))
+    return detail.message or "\n".join(detail.stderr_tail[-3:])
 
 
 def _job_failures(ended: JobFailures) -> list[FailureRecord]:

@@ -23,6 +23,7 @@ from hydra.core.override_parser.types import Quote, QuotedString
 from elastic_hydra import schema
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.torchrun_cli import (
+    ENTRYPOINT_KEYS,
     beside,
     pet_in,
     take_flag,
@@ -33,7 +34,7 @@ from elastic_hydra.torchrun_cli import (
 from elastic_hydra.torchrun_rdzv import Given, Setting
 
 PLAN_FORMATS = ("text", "json", "yaml")
-ENTRYPOINT_KEYS = ("script", "module", "cmd")
+_CONFIG_NAME = ("-cn", "--config-name")  # Hydra's own way to name a job file
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,7 +226,8 @@ def _script_after_dashes(w: _Words, rest: list[str]) -> bool:
     flags that names no entrypoint otherwise (no job file, no script=/module=/cmd=); in any other
     command, the words after `--` are the script's arguments."""
     named = any(o.split("=", 1)[0].lstrip("+~") in ENTRYPOINT_KEYS for o in w.overrides)
-    return bool(w.given) and w.job is None and not named and bool(rest) and rest[0][:1] != "-"
+    job = w.job is not None or any(f.split("=", 1)[0] in _CONFIG_NAME for f in w.flags)
+    return bool(w.given) and not job and not named and bool(rest) and rest[0][:1] != "-"
 
 
 def own_words(argv: Sequence[str]) -> list[str]:

@@ -1,6 +1,7 @@
 """What a failed worker left behind: its error file, a crash dump, the tail of its stderr.
 
-Read once the worker has exited, never on the restart path's hot loop.
+Read once the worker has exited. Whatever the files hold (a worker may write anything to its
+error file), reading them never raises.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetai
         stdout_log=str(run.stdout(exit.attempt, exit.local_rank)),
         stderr_log=str(stderr_log),
     )
-    if (record := _read_json(error_file)) is not None:
-        message, stacks, reported = parse_error_record(record)
+    if (record := _read_json(error_file)) is not None and (
+        parsed := _parse_error_record(record)
+    ) is not None:
+        message, stacks, reported = parsed
         return replace(
             base,
             source="exception" if "elastic_hydra" in record else "error_file",
@@ -86,6 +89,16 @@ def read_tail(path: Path, limit: int = _TAIL_BYTES) -> str:
     if len(data) == limit and b"\n" in data:
         data = data[data.index(b"\n") + 1 :]  # drop the partial first line
     return data.decode("utf-8", errors="replace")
+
+
+def _parse_error_record(
+    record: dict[str, object],
+) -> tuple[str, tuple[Stack, ...], float | None] | None:
+    """The error file's message, stacks and time; None when it is not one of torch's forms."""
+    try:
+        return parse_error_record(record)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def _read_json(path: Path) -> dict[str, object] | None:

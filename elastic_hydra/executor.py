@@ -206,9 +206,10 @@ class Executor:
         workers fail before the rendezvous tells. Wait that long for it to tell: in an elastic
         job after any failure (a dead node shows only by its missing heartbeats), in any
         multi-node job after failures that all read as a lost peer. If it tells, the failures
-        were collateral: no restart is spent, none is published, none is the root cause. A
-        failure of this node's own (one that does not read as a lost peer) ends the wait."""
-        if not isinstance(spec := self.plan.rdzv, Dynamic):
+        were collateral: no restart is spent, none is published, none is the root cause. In a
+        fixed-size job, a failure that does not read as a lost peer ends the wait. Failures
+        seen during the wait are added to `failed`; a stop signal during it stops the node."""
+        if not isinstance(spec := self.plan.rdzv, Dynamic) or self.plan.nnodes.max < 2:
             return None
         if not self.elastic and not all(lost_a_peer(self.failure_text(r)) for r in failed):
             return None
@@ -233,6 +234,9 @@ class Executor:
             failed += more
             if not self.elastic and not all(lost_a_peer(self.failure_text(r)) for r in more):
                 return None
+        if (signum := self.stop_request.signum) is not None:
+            self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
+            return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
         return None
 
     def _membership(self, collateral: Sequence[WorkerExit] = ()) -> tuple[_Ended, str] | None:

@@ -58,8 +58,7 @@ def progress(event: Event, *, multi_node: bool) -> None:
             )
         case EventKind.MEMBERSHIP if d.get("collateral"):
             ranks = ",".join(str(r) for r in d["collateral"])
-            spent = "" if d["change"] == "closed" else ": no restart spent"
-            here = f"rank(s) {ranks} here failed with it (collateral{spent})"
+            here = f"rank(s) {ranks} here failed with it (collateral, not this node's failure)"
             say(f"elastic-hydra: {d['reason']}; {here}")
         case EventKind.MEMBERSHIP:
             say(f"elastic-hydra: {d['reason']}")

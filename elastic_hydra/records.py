@@ -38,18 +38,20 @@ _SIGNAL_HINTS = {
 
 
 # What a rank raises when a peer of its collectives went away (died, or was stopped by its own
-# agent for a restart): gloo's and the c10d store's broken connections, NCCL's remote errors.
+# agent for a restart): gloo's and the c10d store's broken connections, NCCL's remote errors...
 _LOST_PEER = re.compile(
     r"Connection (closed|reset) by peer|Broken pipe|failed to recv, got 0 bytes|"
     r"remote process exited|ncclRemoteError|NCCL communicator was aborted|"
     r"Application timeout caused pair closure",
     re.IGNORECASE,
 )
+# ... in torch.distributed's words (not a download's ConnectionResetError, not a closed pipe).
+_DISTRIBUTED = re.compile(r"gloo|pair\.cc|NCCL|DistNetworkError|DistBackendError|DistStoreError")
 
 
 def lost_a_peer(error: str) -> bool:
     """Whether a failed rank's error reads as a lost peer rather than a fault of its own."""
-    return _LOST_PEER.search(error) is not None
+    return _LOST_PEER.search(error) is not None and _DISTRIBUTED.search(error) is not None
 
 
 # ---------------------------------------------------------------------------------- return codes
@@ -282,14 +284,14 @@ class PeerFailure(_Record):
     time: float  # when this node saw it (wall clock)
     launcher: str = "torchrun"
 
-    @property
-    def who(self) -> str:
-        node = "a node" if self.node_rank is None else f"node {self.node_rank}"
-        ranks = f"; ranks {self.ranks}" if self.ranks else ""
-        return f"{node} ({self.launcher} agent on {self.node}{ranks})"
-
     def line(self) -> str:
-        return f"{self.who} {self.what}"
+        return f"{peer_name(self.node_rank, self.node, self.ranks, self.launcher)} {self.what}"
+
+
+def peer_name(node_rank: int | None, node: str, ranks: str, launcher: str = "torchrun") -> str:
+    """`node 0 (torchrun agent on 10.0.0.1, pid 42; ranks 0-7)`."""
+    which = "a node" if node_rank is None else f"node {node_rank}"
+    return f"{which} ({launcher} agent on {node}{f'; ranks {ranks}' if ranks else ''})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

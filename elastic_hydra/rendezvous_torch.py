@@ -20,7 +20,7 @@ from elastic_hydra.errors import ConfigError, RendezvousError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import Status, WorkerExit
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
-from elastic_hydra.records import HangRecord, PeerFailure
+from elastic_hydra.records import HangRecord, PeerFailure, peer_name
 from elastic_hydra.rendezvous import listen_socket
 from elastic_hydra.seams import (
     Change,
@@ -40,6 +40,7 @@ MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's
 _T = TypeVar("_T")
 # Seconds into a join at which the console hears of it; then every 60 s.
 WAIT_NOTICES = (5.0, 30.0, 60.0)
+STATE_CACHE = 1.0  # seconds torch's dynamic handler reuses its last read of the shared state
 
 
 class TorchRendezvous:
@@ -71,6 +72,8 @@ class TorchRendezvous:
         self._seen: set[str] = set()  # every node of every round this agent took part in
         # The round's torchrun agents (no facts published): torch's node -> (node rank, ranks)
         self._torchrun: dict[object, tuple[int, str]] = {}
+        self._gone: frozenset[object] = frozenset()  # members missing since _gone_at
+        self._gone_at = 0.0
         secret = os.environ.get(store_records.SECRET_ENV)
         self.secret = secret.encode() if secret else None
         self.handler: RendezvousHandler = None  # created by the first join (network I/O)
@@ -109,9 +112,9 @@ class TorchRendezvous:
         # Syncing drops nodes whose last heartbeat is older than the departure bound (this node
         # included, when its own heartbeat thread ran late: that is not a departure).
         alive = self._members & (set(state.participants) | {_this_node(self.handler)})
-        if state.round == self._round and alive == self._members:
+        gone = frozenset(self._members - alive)
+        if state.round == self._round and not self._confirmed(gone):
             return None
-        gone = self._members - alive
         return Change(
             kind=ChangeKind.LEFT,
             reason=f"{self._names(gone) or 'a node'} left the job (no heartbeat for "
@@ -120,38 +123,38 @@ class TorchRendezvous:
             peers=self._peers(gone, "left the job"),
         )
 
+    def _confirmed(self, gone: frozenset[object]) -> bool:
+        """Whether members missing from the round are gone. A member that restarts its workers
+        leaves the participants one store write before it enters the wait list: it counts as
+        gone only when a later read of the store (torch caches it for a second) still says so."""
+        now = time.monotonic()
+        if gone != self._gone:
+            self._gone, self._gone_at = gone, now
+        return bool(gone) and now - self._gone_at > STATE_CACHE
+
     def _names(self, nodes: Collection[object]) -> str:
         return ", ".join(sorted(self._name(n) for n in nodes))
 
     def _name(self, node: object) -> str:
         if (torchrun := self._torchrun.get(node)) is None:
             return _node_name(node)
-        return self._peer(node, torchrun, "").who
-
-    def _peer(self, node: object, torchrun: tuple[int, str], what: str) -> PeerFailure:
-        addr, pid = getattr(node, "addr", node), getattr(node, "pid", "?")
-        node_rank, ranks = torchrun
-        return PeerFailure(
-            node=f"{addr}, pid {pid}",
-            node_rank=node_rank,
-            ranks=ranks,
-            what=what,
-            rdzv_round=self._round,
-            time=time.time(),
-        )
+        return peer_name(torchrun[0], _agent(node), torchrun[1])
 
     def _peers(self, nodes: Collection[object], what: str) -> tuple[PeerFailure, ...]:
         """What torchrun agents among `nodes` did: they publish no failure records of their own."""
-        found = [(n, t) for n in nodes if (t := self._torchrun.get(n)) is not None]
-        return tuple(self._peer(n, t, what) for n, t in sorted(found, key=lambda f: f[1]))
+        found = sorted((t, _agent(n)) for n in nodes if (t := self._torchrun.get(n)) is not None)
+        now, round_ = time.time(), self._round
+        return tuple(
+            PeerFailure(node=a, node_rank=r, ranks=ranks, what=what, rdzv_round=round_, time=now)
+            for (r, ranks), a in found
+        )
 
     def _closed_reason(self) -> str:
         if not self._torchrun:
             return "another node ended the job"
-        names = self._names(set(self._torchrun))
         return (
-            f"another node ended the job; torchrun agents publish no failures, so look in the "
-            f"logs of {names}"
+            f"another node ended the job; if it is {self._names(self._torchrun)}, its logs say "
+            "why (torchrun agents publish no failures)"
         )
 
     def publish_failure(self, exit: WorkerExit) -> None:
@@ -342,6 +345,7 @@ class TorchRendezvous:
         state = _dynamic_state(self.handler)
         if state is not None:
             self._members, self._round = frozenset(state.participants), state.round
+            self._gone = frozenset()
             self._seen |= {_node_name(n) for n in self._members}
         else:
             self._round += 1
@@ -591,6 +595,10 @@ def _dynamic_state(handler: object) -> Any:
 
 def _this_node(handler: object) -> object:
     return getattr(handler, "_this_node", None)
+
+
+def _agent(node: object) -> str:
+    return f"{getattr(node, 'addr', node)}, pid {getattr(node, 'pid', '?')}"
 
 
 def _node_name(node: object) -> str:

@@ -64,6 +64,7 @@ FLAGS = (
     Flag("virtual_local_rank", switch=True),
 )  # fmt: skip
 _BY_OPTION = {option: flag for flag in FLAGS for option in flag.options}
+ENTRYPOINT_KEYS = ("script", "module", "cmd")
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's, and our stop signals
 _AFTER_SCRIPT = (
     "the script's own arguments go after the script path (elastic-hydra train.py --lr 0.1) "
@@ -273,7 +274,7 @@ def _entrypoint(b: Builder, v: Mapping[str, Given], script: str | None, job: boo
     key = "module" if module else "cmd" if no_python else "script"
     source = Given(name=key, value=script, shown=script, explicit=True)
     b.set(key, shlex.quote(script) if key == "cmd" else script, source)
-    for entry in ("script", "module", "cmd") if job else ():  # the job's own entrypoint goes
+    for entry in ENTRYPOINT_KEYS if job else ():  # the job's own entrypoint goes
         if entry != key:
             b.set(entry, None, source)
 

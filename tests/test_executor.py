@@ -825,7 +825,31 @@ def test_a_ranks_own_fault_in_a_fixed_job_restarts_at_once() -> None:
     assert (outcome.status, outcome.restarts) == (Status.SUCCEEDED, 1)
     assert [e.rank for e in rdzv.published] == [2]
     (restart,) = h.observer.of(EventKind.RESTART)
-    assert restart["rank"] == 2 and h.clock.sleeps == [0.0]  # no wait for the rendezvous
+    assert restart["rank"] == 2 and h.clock.sleeps == [0.0]
+    assert h.clock.now - T0 < 1.2 + 2.0 + 1  # no wait for the rendezvous: 3.2 s in all
+
+
+def test_a_one_node_dynamic_job_never_waits_for_another_node() -> None:
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=1))
+    plan = dataclasses.replace(plan, nnodes=NodeRange(min=1, max=1))  # torchrun --nnodes=1 c10d
+    h = harness({0: {0: (1, 1.2)}, 1: ALL_SUCCEED[0]}, plan=plan)
+    h.errors[0] = LOST_PEER  # e.g. a store of its own it lost
+    outcome = h.run()
+
+    assert (outcome.status, outcome.restarts) == (Status.SUCCEEDED, 1)
+    assert h.clock.now - T0 < 1.2 + 2.0 + 1
+
+
+def test_a_stop_signal_during_the_wait_stops_the_node_and_blames_nobody() -> None:
+    rdzv = FakeRendezvous([assignment(nodes=2, node_rank=1)])
+    h = harness({0: {0: (1, 1.2)}}, plan=fixed_two_nodes(2), rdzv=rdzv)
+    h.errors[2] = LOST_PEER
+    h.stop.at(5.0, SIGTERM)
+    outcome = h.run()
+
+    assert outcome.status is Status.STOPPED and outcome.exit_code == 128 + SIGTERM
+    assert rdzv.published == [] and outcome.restarts == 0
+    assert h.clock.now - T0 < 5.0 + 1
 
 
 def test_a_peer_loss_that_no_node_explains_is_a_failure_after_the_bound() -> None:

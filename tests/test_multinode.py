@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -140,8 +141,9 @@ def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
         for agent in survivors:
             changes = [e for e in agent.events() if e["event"] == "membership"]
             noticed = float(changes[0]["time"]) - killed_at
-            # Within the bound, plus up to one heartbeat period and torch's 1 s state cache.
-            assert noticed < bound + 1 + 1 + 2, noticed
+            # Within the bound, plus up to one heartbeat period and two reads of torch's state,
+            # cached 1 s each (a departure counts when a second read confirms it), and load.
+            assert noticed < bound + 1 + 2 + 2, noticed
             assert agent.summary()["status"] == "succeeded"
 
 
@@ -477,14 +479,14 @@ def test_a_torchrun_node_that_restarts_is_named_and_our_broken_ranks_are_its_col
     check_allreduce(j.world(2), 2)
     summary = ours.summary()
     assert (summary["status"], summary["attempts"], summary["restarts"]) == ("succeeded", 2, 0)
-    broken = [e for e in summary["exits"] if e["returncode"] == 1]
-    assert len(broken) == 1 and broken[0]["after_node_loss"], summary["exits"]
+    # Our rank broke (collateral), or, when our node saw the restart first, was stopped.
+    assert not_blamed(summary), summary["exits"]
     (peer,) = summary["peer_failures"]
     assert (peer["node_rank"], peer["ranks"], peer["what"], peer["launcher"]) == (
         0, "0", "restarted its workers", "torchrun",
     )  # fmt: skip
     said = "node 0 (torchrun agent on 127.0.0.1, pid "
-    assert said in ours.text() and "rank(s) 1 here failed with it (collateral" in ours.text()
+    assert f"{said}{peer['node'].split(', pid ')[1]}; ranks 0) restarted its" in ours.text()
     run_dir = Path(summary["run_dir"])
     report = subprocess.run(
         [*ELASTIC_HYDRA, "report", str(run_dir)],
@@ -509,12 +511,16 @@ def test_a_job_a_torchrun_node_ended_names_it_and_blames_none_of_ours(tmp_path: 
     summary = ours.summary()
     assert summary["status"] == "failed" and summary["root_cause"] is None
     assert summary["message"].startswith(
-        "another node ended the job; torchrun agents publish no failures, so look in the logs "
-        "of node 0 (torchrun agent on 127.0.0.1, pid "
+        "another node ended the job; if it is node 0 (torchrun agent on 127.0.0.1, pid "
     )
-    broken = [e for e in summary["exits"] if e["returncode"] == 1]
-    assert len(broken) == 1 and broken[0]["after_node_loss"], summary["exits"]
-    assert "collateral of another node's failure or loss" in ours.text()
+    assert not_blamed(summary), summary["exits"]
+
+
+def not_blamed(summary: dict[str, Any]) -> bool:
+    """Every worker of ours that did not exit 0 is marked: another node's collateral, or
+    stopped by our agent (when it saw the other node's restart or end before its rank broke)."""
+    ended = [e for e in summary["exits"] if e["returncode"] != 0]
+    return bool(ended) and all(e["after_node_loss"] or e["terminated_by_launcher"] for e in ended)
 
 
 def test_the_rdzv_server_stopped_by_a_signal_exits_128_plus_its_number(tmp_path: Path) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from test_executor import make_plan
 
 from elastic_hydra.job_store import (
     ASSIGNED_RANKS,
@@ -29,6 +33,8 @@ from elastic_hydra.records import (
     job_root_cause,
     lost_a_peer,
 )
+from elastic_hydra.rendezvous_torch import TorchRendezvous
+from elastic_hydra.seams import ChangeKind
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
@@ -188,7 +194,13 @@ def test_errors_of_a_lost_peer_are_told_apart(error: str) -> None:
 
 @pytest.mark.parametrize(
     "error",
-    ["ValueError: boom from rank 0", "torch.OutOfMemoryError: CUDA out of memory.", "", "exit"],
+    [
+        "ValueError: boom from rank 0",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+        "",
+        "ConnectionResetError: [Errno 104] Connection reset by peer",  # a download, say
+        "BrokenPipeError: [Errno 32] Broken pipe",
+    ],
 )
 def test_a_ranks_own_fault_is_not_a_lost_peer(error: str) -> None:
     assert not lost_a_peer(error)
@@ -206,3 +218,77 @@ def test_a_torchrun_nodes_failure_reads_back_from_the_summary() -> None:
     assert RunSummary.from_json(json.loads(json.dumps(summary.to_json()))) == summary
     with pytest.raises(ValueError, match=r"PeerFailure\.rdzv_round"):
         PeerFailure.from_json({**peer.to_json(), "rdzv_round": "3"})
+
+
+@dataclass(frozen=True, order=True)
+class Node:
+    addr: str
+    pid: int
+
+
+@dataclass
+class State:
+    participants: dict[Node, int]
+    wait_list: set[Node] = dataclasses.field(default_factory=set)
+    round: int = 0
+    closed: bool = False
+
+
+class FakeHandler:
+    """The parts of torch's dynamic handler that `TorchRendezvous.poll` reads."""
+
+    def __init__(self, state: State, this: Node) -> None:
+        self._state_holder = SimpleNamespace(state=state)
+        self._this_node = this
+
+    def num_nodes_waiting(self) -> int:
+        return len(self._state_holder.state.wait_list)
+
+
+A, B = Node("10.0.0.1", 11), Node("10.0.0.2", 22)
+
+
+def watching(state: State, monkeypatch: pytest.MonkeyPatch) -> tuple[TorchRendezvous, list[float]]:
+    """Node A's view of a round of A and B, B a torchrun agent; its clock in the list."""
+    rdzv = TorchRendezvous(make_plan(dynamic=True), SimpleNamespace(signum=None), lambda e, n: {})
+    rdzv.handler = FakeHandler(state, A)
+    rdzv._members, rdzv._round, rdzv._torchrun = frozenset({A, B}), 0, {B: (1, "2-3")}
+    clock = [100.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    return rdzv, clock
+
+
+def test_a_member_between_leaving_the_round_and_waiting_again_has_not_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch's re-join is two store writes: out of the participants, then into the wait list.
+    state = State(participants={A: 0})
+    rdzv, clock = watching(state, monkeypatch)
+    assert rdzv.poll() is None  # B is missing: not gone yet
+    clock[0] += 0.5
+    assert rdzv.poll() is None  # the same (cached) read
+    clock[0] += 0.7
+    state.wait_list.add(B)
+    change = rdzv.poll()
+    assert change is not None and change.kind is ChangeKind.JOINED
+    assert change.reason == (
+        "node 1 (torchrun agent on 10.0.0.2, pid 22; ranks 2-3) restarted its workers: a new "
+        "round for every node"
+    )
+    assert [p.line() for p in change.peers] == [
+        "node 1 (torchrun agent on 10.0.0.2, pid 22; ranks 2-3) restarted its workers"
+    ]
+
+
+def test_a_member_missing_from_two_reads_has_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = State(participants={A: 0})
+    rdzv, clock = watching(state, monkeypatch)
+    assert rdzv.poll() is None
+    clock[0] += 1.2
+    change = rdzv.poll()
+    assert change is not None and change.kind is ChangeKind.LEFT and change.nodes == 1
+    assert [(p.node_rank, p.what) for p in change.peers] == [(1, "left the job")]
+    state.closed = True
+    closed = rdzv.poll()
+    assert closed is not None and closed.kind is ChangeKind.CLOSED
+    assert closed.reason.startswith("another node ended the job; if it is node 1 (torchrun")

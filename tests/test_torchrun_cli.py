@@ -402,6 +402,8 @@ def test_the_script_after_dashes_is_torchruns_with_its_flags_only() -> None:
     # torchrun flag, or a word after `--` that is a flag
     named = parse("--nproc-per-node=2", "script=t.py", "--", "train.py")
     assert "script=t.py" in named.overrides and named.script_args == ("train.py",)
+    job = parse("--nproc-per-node=2", "-cn", "pretrain", "--", "train.py")
+    assert job.script_args == ("train.py",)
     plain = parse("nproc_per_node=2", "--", "train.py")
     assert not plain.torchrun and plain.script_args == ("train.py",)
     assert parse("--nproc-per-node=2", "--", "--lr").script_args == ("--lr",)

@@ -221,3 +221,30 @@ def test_lines_after_a_traceback_in_a_log_do_not_join_its_message(tmp_path: Path
     detail = read_failure(run, exit_, tail_lines=5)
     assert (detail.source, detail.message) == ("stderr", "ValueError: boom")
     assert detail.stderr_tail[-1] == "[W] process group has NOT been destroyed"
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"elastic_hydra": {"stacks": [{}]}},  # a stack without its keys
+        {"elastic_hydra": {"stacks": 5}},
+        {"message": {"message": "x", "extraInfo": 7}},
+    ],
+)
+def test_an_error_file_of_no_known_form_is_passed_over(
+    tmp_path: Path, record: dict[str, object]
+) -> None:
+    # A worker may write anything to its error file; the stderr tail tells what happened.
+    from elastic_hydra.capture import read_failure
+    from elastic_hydra.outcome import WorkerExit
+    from elastic_hydra.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    run.error_file(0, 0).parent.mkdir(parents=True)
+    run.error_file(0, 0).write_text(json.dumps(record))
+    run.stderr(0, 0).write_text("Traceback (most recent call last):\nValueError: boom\n")
+    exit_ = WorkerExit(
+        local_rank=0, rank=0, pid=9, returncode=1, wall_time=0.0, mono_time=0.0, attempt=0
+    )
+    detail = read_failure(run, exit_, tail_lines=5)
+    assert (detail.source, detail.message) == ("stderr", "ValueError: boom")
