@@ -213,7 +213,8 @@ class Executor:
             return None
         if not self.elastic and not all(lost_a_peer(self.failure_text(r)) for r in failed):
             return None
-        deadline = self.clock.mono() + spec.departure_bound + spec.keep_alive_interval + 1
+        # The bound after the last heartbeat, and two reads of the shared state that confirm it.
+        deadline = self.clock.mono() + spec.departure_bound + spec.keep_alive_interval + 2
         while self.stop_request.signum is None and self.clock.mono() < deadline:
             if (ended := self._membership(collateral=failed)) is not None:
                 collateral = {id(r) for r in failed}
