@@ -18,8 +18,10 @@ For the agent's hang detection and `elastic-hydra stacks`: faulthandler dumps ev
 stack to `ELASTIC_HYDRA_STACKS_FILE` on the signal `ELASTIC_HYDRA_STACKS_SIGNAL` (from C: it
 needs no GIL, so a rank stuck in a C call that holds it still answers), and a daemon thread
 looks at the main thread's stack every `ELASTIC_HYDRA_PROGRESS_EVERY` seconds, writing the time
-to `ELASTIC_HYDRA_PROGRESS_FILE` each time it changed. These variables are taken out of the
-script's environment.
+to `ELASTIC_HYDRA_PROGRESS_FILE` each time it changed (its first line). It also asks the main
+thread, through `Py_AddPendingCall`, to note the time when it next runs Python code (the second
+line): a main thread blocked in a C call (a GPU sync that spins a core, a collective) never does.
+These variables are taken out of the script's environment.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ STACKS_SIGNAL_ENV = "ELASTIC_HYDRA_STACKS_SIGNAL"
 PROGRESS_FILE_ENV = "ELASTIC_HYDRA_PROGRESS_FILE"
 PROGRESS_EVERY_ENV = "ELASTIC_HYDRA_PROGRESS_EVERY"
 _stacks: object = None  # the stacks file: faulthandler writes to it for the worker's lifetime
+_keep: list[object] = []  # the pending call's C callback
 
 # Frames of the bootstrap itself: runpy's code objects name the real file (`<frozen runpy>` on
 # some versions), whatever the interpreter.
@@ -122,13 +125,19 @@ def _watch_self() -> None:
         atexit.register(end_watch)
 
 
+_LINE = 21  # bytes of one line of the progress file: "%-20.3f\n"
+
+
 def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> None:
-    """Each time the main thread's stack changed since the last look, the time, in `fd`.
+    """Each time the main thread's stack changed since the last look, the time, in `fd`'s first
+    line; the last time the main thread ran Python code, in its second.
 
     A stack is the code and the bytecode offset of each frame: a rank blocked in a call
-    (a collective, a lock, `sleep`, a read) keeps the same one; a loop moves it.
+    (a collective, a lock, `sleep`, a read) keeps the same one; a loop moves it, unless each
+    look finds it in the same call, which a GPU loop's `.item()` makes likely.
     """
-    last = None
+    last, asked = None, [False]
+    ask = _pending_call(fd, asked)  # in this thread: the worker's start does not wait for it
     try:
         while True:
             frame = sys._current_frames().get(main)
@@ -141,12 +150,46 @@ def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> No
             if (now := hash(tuple(here))) != last:
                 last = now
                 os.pwrite(fd, b"%-20.3f\n" % time.time(), 0)
+            if ask is not None and not asked[0]:
+                asked[0] = True
+                ask()
             if stop.acquire(timeout=every):  # released: the worker is exiting
                 return
     except BaseException:  # never the worker's problem
         return
     finally:
         done.release()
+
+
+def _pending_call(fd: int, asked: list[bool]) -> Any:
+    """A function that asks the main thread to write, in `fd`'s second line, the time it next
+    runs Python code (CPython's Py_AddPendingCall: only the main thread's eval loop runs it,
+    never a C call nor `sleep`); None where the interpreter has no such call."""
+    try:
+        import ctypes
+
+        add = ctypes.pythonapi.Py_AddPendingCall
+    except (ImportError, AttributeError, OSError):
+        return None
+    add.argtypes, add.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    os.pwrite(fd, b"%-20.3f\n%-20.3f\n" % (time.time(), 0.0), 0)  # 0: not run yet
+
+    def noted(_arg: object) -> int:
+        asked[0] = False
+        try:  # noqa: SIM105 (the bootstrap imports no more than it needs)
+            os.pwrite(fd, b"%-20.3f\n" % time.time(), _LINE)
+        except OSError:  # never the worker's problem
+            pass
+        return 0
+
+    call = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(noted)
+    _keep.append(call)  # alive as long as the interpreter may run it
+
+    def ask() -> None:
+        if add(call, None) != 0:  # its queue is full: ask again at the next look
+            asked[0] = False
+
+    return ask
 
 
 def _listen_on_agents_socket(fd: int) -> None:

@@ -96,9 +96,10 @@ class LocalHangWatch:
         return record if self.job is None else self.job.share_hang(record)
 
     def _look(self, local_rank: int, now: float) -> None:
-        changed = _read_time(self.run.progress_file(self.workers.attempt, local_rank))
-        cpu = cpu_seconds(self.workers.pids[local_rank])
-        self.ranks[local_rank].observe(now=now, stack_changed=changed, cpu=cpu)
+        changed, ran = _read_times(self.run.progress_file(self.workers.attempt, local_rank))
+        pid, rank = self.workers.pids[local_rank], self.ranks[local_rank]
+        rank.gpu = rank.gpu or uses_gpu(pid)
+        rank.observe(now=now, stack_changed=changed, cpu=cpu_seconds(pid), ran=ran)
 
     def evidence(self, running: list[int], idle: float, now: float) -> HangRecord:
         """Every rank's place, its stacks saved first; the verdict."""
@@ -187,14 +188,15 @@ def _with_threads(rank: HangRank, threads: tuple[ThreadStack, ...], main: int | 
     )
 
 
-def _read_time(path: Path) -> float | None:
-    """The time a progress note holds; None before the worker's first note (the file may
-    exist, still empty) or when it cannot be read."""
+def _read_times(path: Path) -> tuple[float | None, float | None]:
+    """A progress note's times: the last stack change, and the last time the main thread ran
+    Python code (0: not since it started); None before the worker's first note (the file may
+    exist, still empty), where the bootstrap notes no such time, or when it cannot be read."""
     try:
-        words = path.read_text().split()
-        return float(words[0]) if words else None
+        times = [float(word) for word in path.read_text().split()]
     except (OSError, ValueError):
-        return None
+        return None, None
+    return (times[0] if times else None), (times[1] if len(times) > 1 else None)
 
 
 def _source(frame: Frame) -> str:
@@ -213,6 +215,23 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+GPU_DEVICES = "/dev/nvidia"  # the driver's files a process with a CUDA context holds open
+
+
+def uses_gpu(pid: int) -> bool:
+    """Whether the process holds a GPU's device files open (it created a CUDA context)."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        names = os.listdir(fds)
+    except OSError:  # gone
+        return False
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(fds / name).startswith(GPU_DEVICES):
+                return True
+    return False
 
 
 def cpu_seconds(pid: int) -> float | None:

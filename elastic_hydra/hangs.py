@@ -3,8 +3,10 @@
 Pure. Progress is what the agent observes of each rank (`RankProgress`): the last time its
 bootstrap saw the main thread's Python stack change, and the CPU time its process used. A rank
 blocked in a collective, a lock, `sleep` or a read shows neither; a rank computing, in Python or
-in a long C call, shows CPU time. The job is hung when no rank made progress for the timeout
-(and the attempt is past its warm-up).
+in a long C call, shows CPU time. On a rank that uses a GPU, CPU time counts only if its main
+thread also ran Python code since the last look: a host thread waiting for the GPU (`.item()`,
+`synchronize`, behind an NCCL collective that never ends) spins a whole core in one C call. The
+job is hung when no rank made progress for the timeout (and the attempt is past its warm-up).
 
 The verdict groups the ranks by where their main thread is (the innermost frame in the user's
 code, and the innermost call below it) and leads with the odd group out, when the ranks are not
@@ -34,12 +36,19 @@ class RankProgress:
     last_progress: float  # wall clock
     cpu: float | None = None  # the process's CPU seconds at the last look
     looked: float | None = None  # when (wall clock)
+    gpu: bool = False  # it uses a GPU
 
-    def observe(self, *, now: float, stack_changed: float | None, cpu: float | None) -> None:
-        """One look: a new stack-change time from the bootstrap, the process's CPU seconds."""
+    def observe(
+        self, *, now: float, stack_changed: float | None, cpu: float | None, ran: float | None
+    ) -> None:
+        """One look: a new stack-change time from the bootstrap, the process's CPU seconds, and
+        the last time its main thread ran Python code (None: not known)."""
         if stack_changed is not None and stack_changed > self.last_progress:
             self.last_progress = min(stack_changed, now)
         busy = cpu is not None and self.cpu is not None and self.looked is not None
+        if busy and self.gpu and ran is not None:  # spinning in one C call is no progress
+            # The worker asks at its own pace, as often as the agent looks: allow one look's lag.
+            busy = ran > self.looked - (now - self.looked)  # type: ignore[operator]
         if busy and cpu - self.cpu >= CPU_BUSY * max(now - self.looked, 1e-3):  # type: ignore[operator]
             self.last_progress = now
         self.cpu, self.looked = cpu, now

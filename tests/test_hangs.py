@@ -10,7 +10,9 @@ times the timeout (never flagged).
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,15 +55,74 @@ Thread 4242 (idle): "MainThread"
 # ------------------------------------------------------------------------------------ pure
 def test_progress_is_a_stack_change_or_cpu_time() -> None:
     p = hangs.RankProgress(last_progress=100.0)
-    p.observe(now=101.0, stack_changed=None, cpu=5.0)  # the first look: a CPU baseline
+    p.observe(now=101.0, stack_changed=None, cpu=5.0, ran=None)  # the first look: a baseline
     assert p.last_progress == 100.0
-    p.observe(now=102.0, stack_changed=None, cpu=5.01)  # 1% of a core: waiting
+    p.observe(now=102.0, stack_changed=None, cpu=5.01, ran=None)  # 1% of a core: waiting
     assert p.last_progress == 100.0
-    p.observe(now=103.0, stack_changed=102.5, cpu=5.02)  # its main thread moved
+    p.observe(now=103.0, stack_changed=102.5, cpu=5.02, ran=None)  # its main thread moved
     assert p.last_progress == 102.5
-    p.observe(now=104.0, stack_changed=102.5, cpu=5.9)  # 88% of a core: computing
+    p.observe(now=104.0, stack_changed=102.5, cpu=5.9, ran=None)  # 88% of a core: computing
     assert p.last_progress == 104.0
     assert hangs.idle_for([p, hangs.RankProgress(last_progress=90.0)], now=110.0) == 6.0
+
+
+def test_a_gpu_ranks_cpu_time_counts_only_while_its_main_thread_runs_python() -> None:
+    # Measured on an H100: a main thread blocked in `.item()` behind a 75 s kernel used a whole
+    # core all along. A healthy loop's main thread also spends most of its time there, but runs
+    # Python between its calls.
+    p = hangs.RankProgress(last_progress=100.0, gpu=True)
+    p.observe(now=101.0, stack_changed=None, cpu=5.0, ran=100.9)
+    p.observe(now=102.0, stack_changed=None, cpu=6.0, ran=101.5)  # a core, and Python ran
+    assert p.last_progress == 102.0
+    p.observe(now=103.0, stack_changed=None, cpu=7.0, ran=101.5)  # one look's lag is allowed
+    assert p.last_progress == 103.0
+    p.observe(now=104.0, stack_changed=None, cpu=8.0, ran=101.5)  # a core, in one C call
+    p.observe(now=105.0, stack_changed=None, cpu=9.0, ran=0.0)  # (or never ran Python)
+    assert p.last_progress == 103.0
+    p.observe(now=106.0, stack_changed=None, cpu=10.0, ran=None)  # no probe: CPU time counts
+    assert p.last_progress == 106.0
+
+
+def test_the_bootstrap_notes_when_the_main_thread_runs_python_and_not_in_a_c_call(
+    tmp_path: Path,
+) -> None:
+    from elastic_hydra import bootstrap
+
+    progress, out = tmp_path / "progress", tmp_path / "out"
+    env = {**os.environ, "ELASTIC_HYDRA_PROGRESS_FILE": str(progress),
+           "ELASTIC_HYDRA_PROGRESS_EVERY": "0.1"}  # fmt: skip
+    worker = WORKERS / "probe_ran.py"
+    subprocess.run(
+        [sys.executable, bootstrap.__file__, str(worker), str(progress), str(out)],
+        env=env, check=True, timeout=30,
+    )  # fmt: skip
+    seen = dict(line.split() for line in out.read_text().splitlines())
+    start, blocked = float(seen["start"]), float(seen["blocked"])
+    assert start <= float(seen["loop"]) <= blocked  # noted while it looped in Python
+    assert 0 < float(seen["block"]) <= blocked  # not once during the C call
+
+
+def test_a_process_with_a_gpu_device_open_uses_a_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The driver's /dev/nvidia* files stand in as a file the child holds open.
+    from elastic_hydra import hang_watch
+
+    device = tmp_path / "nvidia0"
+    device.write_text("")
+    monkeypatch.setattr(hang_watch, "GPU_DEVICES", str(tmp_path / "nvidia"))
+    code = "import sys; f = open(sys.argv[1]); print('open', flush=True); sys.stdin.read()"
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(device)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:  # fmt: skip
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        assert hang_watch.uses_gpu(holder.pid)
+        assert not hang_watch.uses_gpu(os.getpid())
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert not hang_watch.uses_gpu(holder.pid)  # gone
 
 
 def test_a_faulthandler_dump_reads_as_threads() -> None:
