@@ -19,8 +19,9 @@ stack to `ELASTIC_HYDRA_STACKS_FILE` on the signal `ELASTIC_HYDRA_STACKS_SIGNAL`
 needs no GIL, so a rank stuck in a C call that holds it still answers), and a daemon thread
 looks at the main thread's stack every `ELASTIC_HYDRA_PROGRESS_EVERY` seconds, writing the time
 to `ELASTIC_HYDRA_PROGRESS_FILE` each time it changed (its first line). It also asks the main
-thread, through `Py_AddPendingCall`, to note the time when it next runs Python code (the second
-line): a main thread blocked in a C call (a GPU sync that spins a core, a collective) never does.
+thread, through `Py_AddPendingCall`, to post a semaphore when it next runs Python code, and
+notes the look that finds it posted (the second line): a main thread blocked in a C call (a GPU
+sync that spins a core, a collective) does not.
 These variables are taken out of the script's environment.
 """
 
@@ -49,7 +50,6 @@ STACKS_SIGNAL_ENV = "ELASTIC_HYDRA_STACKS_SIGNAL"
 PROGRESS_FILE_ENV = "ELASTIC_HYDRA_PROGRESS_FILE"
 PROGRESS_EVERY_ENV = "ELASTIC_HYDRA_PROGRESS_EVERY"
 _stacks: object = None  # the stacks file: faulthandler writes to it for the worker's lifetime
-_keep: list[object] = []  # the pending call's C callback
 
 # Frames of the bootstrap itself: runpy's code objects name the real file (`<frozen runpy>` on
 # some versions), whatever the interpreter.
@@ -130,15 +130,16 @@ _LINE = 21  # bytes of one line of the progress file: "%-20.3f\n"
 
 def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> None:
     """Each time the main thread's stack changed since the last look, the time, in `fd`'s first
-    line; the last time the main thread ran Python code, in its second.
+    line; the last look that found the main thread had run Python code, in its second.
 
     A stack is the code and the bytecode offset of each frame: a rank blocked in a call
     (a collective, a lock, `sleep`, a read) keeps the same one; a loop moves it, unless each
     look finds it in the same call, which a GPU loop's `.item()` makes likely.
     """
-    last, asked = None, [False]
-    ask = _pending_call(fd, asked)  # in this thread: the worker's start does not wait for it
     try:
+        last, probe = None, _Probe.make()
+        if probe is not None:
+            os.pwrite(fd, b"%-20.3f\n%-20.3f\n" % (time.time(), 0.0), 0)  # 0: not yet
         while True:
             frame = sys._current_frames().get(main)
             if frame is None:  # the main thread has ended
@@ -150,9 +151,8 @@ def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> No
             if (now := hash(tuple(here))) != last:
                 last = now
                 os.pwrite(fd, b"%-20.3f\n" % time.time(), 0)
-            if ask is not None and not asked[0]:
-                asked[0] = True
-                ask()
+            if probe is not None and probe.ran():
+                os.pwrite(fd, b"%-20.3f\n" % time.time(), _LINE)
             if stop.acquire(timeout=every):  # released: the worker is exiting
                 return
     except BaseException:  # never the worker's problem
@@ -161,35 +161,48 @@ def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> No
         done.release()
 
 
-def _pending_call(fd: int, asked: list[bool]) -> Any:
-    """A function that asks the main thread to write, in `fd`'s second line, the time it next
-    runs Python code (CPython's Py_AddPendingCall: only the main thread's eval loop runs it,
-    never a C call nor `sleep`); None where the interpreter has no such call."""
-    try:
-        import ctypes
+class _Probe:
+    """Whether the main thread ran Python code since it was last asked.
 
-        add = ctypes.pythonapi.Py_AddPendingCall
-    except (ImportError, AttributeError, OSError):
-        return None
-    add.argtypes, add.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
-    os.pwrite(fd, b"%-20.3f\n%-20.3f\n" % (time.time(), 0.0), 0)  # 0: not run yet
+    CPython's `Py_AddPendingCall` queues a C function that only the main thread's eval loop
+    calls, between two bytecodes: never while it is inside a C call (a GPU sync, a collective)
+    or `sleep`, unless Python code (a signal handler) runs there. The function queued is libc's
+    `sem_post` on a semaphore of our own: no Python runs in the main thread for it, and nothing
+    it does can fail there.
+    """
 
-    def noted(_arg: object) -> int:
-        asked[0] = False
-        try:  # noqa: SIM105 (the bootstrap imports no more than it needs)
-            os.pwrite(fd, b"%-20.3f\n" % time.time(), _LINE)
-        except OSError:  # never the worker's problem
-            pass
-        return 0
+    def __init__(self, ctypes: Any, add: Any, libc: Any) -> None:
+        self.add, self.libc = add, libc
+        self.sem = libc.malloc(64)  # a sem_t (32 bytes on Linux), never freed: a call queued
+        if not self.sem or libc.sem_init(self.sem, 0, 0) != 0:  # at exit may still post to it
+            raise OSError("no semaphore")
+        self.post = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
+        self.asked = False
 
-    call = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(noted)
-    _keep.append(call)  # alive as long as the interpreter may run it
+    @classmethod
+    def make(cls) -> _Probe | None:
+        """None where there is no such call (not CPython, no ctypes, 3.8's noisy shutdown)."""
+        if sys.version_info < (3, 9):  # noqa: UP036 (the job's interpreter runs this file)
+            return None
+        try:
+            import ctypes
 
-    def ask() -> None:
-        if add(call, None) != 0:  # its queue is full: ask again at the next look
-            asked[0] = False
+            add = ctypes.pythonapi.Py_AddPendingCall
+            add.argtypes, add.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+            libc = ctypes.CDLL(None)
+            libc.malloc.restype = ctypes.c_void_p
+            libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
+            libc.sem_post.argtypes = libc.sem_trywait.argtypes = [ctypes.c_void_p]
+            return cls(ctypes, add, libc)
+        except Exception:  # no ctypes, no libc, no symbol: no probe
+            return None
 
-    return ask
+    def ran(self) -> bool:
+        """Whether the main thread ran the call asked at an earlier look; asks again."""
+        done = self.asked and self.libc.sem_trywait(self.sem) == 0
+        if done or not self.asked:
+            self.asked = self.add(self.post, self.sem) == 0  # -1: its queue is full
+        return done
 
 
 def _listen_on_agents_socket(fd: int) -> None:

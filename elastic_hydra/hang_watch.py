@@ -217,11 +217,13 @@ def _size(path: Path) -> int:
         return 0
 
 
-GPU_DEVICES = "/dev/nvidia"  # the driver's files a process with a CUDA context holds open
+GPU_DEVICES = "/dev/nvidia"  # + the GPU's number: a process with a CUDA context holds it open
 
 
 def uses_gpu(pid: int) -> bool:
-    """Whether the process holds a GPU's device files open (it created a CUDA context)."""
+    """Whether the process holds a GPU's device file open: it initialised CUDA (measured with
+    torch on an H100: `torch.cuda.is_available()` opens /dev/nvidia0 already; importing torch
+    does not)."""
     fds = Path(f"/proc/{pid}/fd")
     try:
         names = os.listdir(fds)
@@ -229,7 +231,8 @@ def uses_gpu(pid: int) -> bool:
         return False
     for name in names:
         with contextlib.suppress(OSError):
-            if os.readlink(fds / name).startswith(GPU_DEVICES):
+            target = os.readlink(fds / name)
+            if target.startswith(GPU_DEVICES) and target[len(GPU_DEVICES) :].isdigit():
                 return True
     return False
 

@@ -96,10 +96,9 @@ def test_the_bootstrap_notes_when_the_main_thread_runs_python_and_not_in_a_c_cal
         [sys.executable, bootstrap.__file__, str(worker), str(progress), str(out)],
         env=env, check=True, timeout=30,
     )  # fmt: skip
-    seen = dict(line.split() for line in out.read_text().splitlines())
-    start, blocked = float(seen["start"]), float(seen["blocked"])
-    assert start <= float(seen["loop"]) <= blocked  # noted while it looped in Python
-    assert 0 < float(seen["block"]) <= blocked  # not once during the C call
+    seen = {k: float(v) for k, v in (line.split() for line in out.read_text().splitlines())}
+    assert 0 < seen["loop1"] < seen["loop2"]  # noted at the looks while it looped in Python
+    assert seen["loop2"] < seen["block1"] == seen["block2"]  # not once during the C call
 
 
 def test_a_process_with_a_gpu_device_open_uses_a_gpu(

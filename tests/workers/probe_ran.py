@@ -3,8 +3,8 @@
     probe_ran.py PROGRESS_FILE OUT_FILE
 
 Loops in Python for 1 s, then blocks in one C call (libc usleep, the GIL released) for 1.5 s.
-A thread copies the progress file's second line (the last time the main thread ran Python code)
-into OUT_FILE in each phase, as `loop T` and `block T`, after `start T` and `blocked T`.
+A thread copies the progress file's second line (the last look that found the main thread had
+run Python code) into OUT_FILE twice in each phase: `loop1 T`, `loop2 T`, `block1 T`, `block2 T`.
 """
 
 from __future__ import annotations
@@ -15,26 +15,26 @@ import threading
 import time
 
 progress, out = sys.argv[1], sys.argv[2]
+usleep = ctypes.CDLL(None).usleep
 
 
-def note(line: str) -> None:
-    with open(out, "a") as f:
-        f.write(line + "\n")
+def snapshots(name: str, at: tuple[float, float]) -> None:
+    start = time.monotonic()
+    for n, when in enumerate(at, 1):
+        time.sleep(max(0.0, start + when - time.monotonic()))
+        with open(progress) as f:
+            line = f.read().split()[1]
+        with open(out, "a") as f:
+            f.write(f"{name}{n} {line}\n")
 
 
-def snapshot(name: str, delay: float) -> None:
-    time.sleep(delay)
-    with open(progress) as f:
-        note(f"{name} {f.read().split()[1]}")
-
-
-note(f"start {time.time()}")
-threading.Thread(target=snapshot, args=("loop", 0.7)).start()
+loop = threading.Thread(target=snapshots, args=("loop", (0.3, 0.8)))
+loop.start()
 end = time.monotonic() + 1.0
 while time.monotonic() < end:
     pass
-note(f"blocked {time.time()}")
-snap = threading.Thread(target=snapshot, args=("block", 1.0))
-snap.start()
-ctypes.CDLL(None).usleep(1_500_000)
-snap.join()
+loop.join()
+block = threading.Thread(target=snapshots, args=("block", (0.5, 1.2)))
+block.start()
+usleep(1_500_000)
+block.join()
