@@ -42,12 +42,13 @@ class RankProgress:
         self, *, now: float, stack_changed: float | None, cpu: float | None, ran: float | None
     ) -> None:
         """One look: a new stack-change time from the bootstrap, the process's CPU seconds, and
-        the last time its main thread ran Python code (None: not known)."""
+        the last time the bootstrap found its main thread had run Python code (None: not
+        known)."""
         if stack_changed is not None and stack_changed > self.last_progress:
             self.last_progress = min(stack_changed, now)
         busy = cpu is not None and self.cpu is not None and self.looked is not None
         if busy and self.gpu and ran is not None:  # spinning in one C call is no progress
-            # The worker asks at its own pace, as often as the agent looks: allow one look's lag.
+            # The bootstrap finds out at its own looks, as often as the agent's: one look's lag.
             busy = ran > self.looked - (now - self.looked)  # type: ignore[operator]
         if busy and cpu - self.cpu >= CPU_BUSY * max(now - self.looked, 1e-3):  # type: ignore[operator]
             self.last_progress = now
