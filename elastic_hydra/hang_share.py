@@ -20,6 +20,7 @@ from elastic_hydra import hangs
 from elastic_hydra.records import HangRank, HangRecord
 
 SHARE_WAIT = 15.0  # seconds a node waits for the others' ranks after a hang (they find it too)
+READ_WAIT = 2.0  # seconds a node that has every node's ranks waits for the others to have them
 MAX_RANKS = 4096  # per node, from the store
 MAX_BYTES = 4 << 20
 _KEY = "elastic_hydra/{run_id}/hang/{what}"
@@ -77,12 +78,28 @@ def share_hang(
                 found[n] = ranks
         if len(found) < nodes:
             time.sleep(0.1)
+    if len(found) == nodes:
+        _all_read(store, _KEY.format(run_id=run_id, what=f"read/{key}"), nodes, stopped)
     ranks = sorted((r for rs in found.values() for r in rs), key=lambda r: r.rank)
     text, odd = hangs.verdict(ranks, record.idle_s)
     missing = nodes - sum(1 for rs in found.values() if rs)
     if missing:
         text += f" ({missing} node(s) did not say where their ranks are)"
     return replace(record, verdict=text, ranks=tuple(replace(r, odd=r.rank in odd) for r in ranks))
+
+
+def _all_read(store: Store, key: str, nodes: int, stopped: Callable[[], bool]) -> None:
+    """Say this node read every node's ranks, and wait (READ_WAIT at most) until the others
+    have too: the node that finds them all first may host the store, and would take it along
+    when its job ends, before a node that looked a moment earlier looks again."""
+    deadline = time.monotonic() + READ_WAIT
+    try:
+        count = store.add(key, 1)
+        while count < nodes and time.monotonic() < deadline and not stopped():
+            time.sleep(0.05)
+            count = store.add(key, 0)
+    except Exception:  # the store is gone: nobody is left to read it
+        return
 
 
 def _read_ranks(store: Store, key: str) -> list[HangRank] | None:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -377,6 +378,66 @@ def test_a_node_whose_ranks_do_not_read_is_named_as_missing() -> None:
                                    stopped=lambda: False)  # fmt: skip
     assert [r.rank for r in shared.ranks] == [0]
     assert shared.verdict.endswith("(1 node(s) did not say where their ranks are)")
+
+
+class SharedStore(FlakyStore):
+    """One store for two nodes' threads; it dies with its host (`dead`), as an agent's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.dead = False
+        self.checked = threading.Event()  # some node looked for a key that was not there
+
+    def set(self, key: str, value: str | bytes) -> None:
+        with self.lock:
+            self._alive()
+            super().set(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        with self.lock:
+            self._alive()
+            there = super().check(keys)
+            if not there:
+                self.checked.set()
+            return there
+
+    def get(self, key: str) -> bytes:
+        with self.lock:
+            self._alive()
+            return super().get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        with self.lock:
+            self._alive()
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            return value
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise RuntimeError("Connection reset by peer")
+
+
+def test_the_node_hosting_the_store_waits_until_the_other_has_read_its_ranks() -> None:
+    # Node 0 publishes and finds node 1's ranks missing; node 1 publishes, finds node 0's at
+    # once, and its agent, which hosts the store, ends. Node 0 still reads node 1's ranks.
+    store = SharedStore()
+    results: dict[int, HangRecord] = {}
+
+    def share(node: int) -> None:
+        mine = hang_of(rank(node, file="/u/t.py", line=3 + node))
+        results[node] = hang_share.share_hang(store, "r", key="0/1", node=node, nodes=2,
+                                              record=mine, stopped=lambda: False)  # fmt: skip
+
+    first = threading.Thread(target=share, args=(0,))
+    first.start()
+    assert store.checked.wait(10)  # node 0 looked once, too early
+    share(1)
+    store.dead = True  # node 1's agent ended, with the store
+    first.join(20)
+    assert [r.rank for r in results[0].ranks] == [0, 1], results[0].verdict
+    assert [r.rank for r in results[1].ranks] == [0, 1], results[1].verdict
 
 
 def test_no_node_may_claim_progress_in_the_future() -> None:
