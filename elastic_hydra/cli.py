@@ -13,11 +13,12 @@ import contextlib
 import errno
 import json
 import os
+import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from elastic_hydra import hydra_boundary, job, stopsignals
 from elastic_hydra.argv import Invocation, own_words, parse_argv
@@ -35,6 +36,7 @@ from elastic_hydra.records import JobResult, RunSummary
 from elastic_hydra.rundir import RunDir
 
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
+T = TypeVar("T")
 _WORLD_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}  # not the user's path: exit 1, not 2
 
 
@@ -49,11 +51,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     inv: Invocation | None = None
     try:
         if args[:1] == ["report"]:
-            sys.exit(report(args[1:]))
+            sys.exit(_printing(report, args[1:]))
         if args[:1] == ["stacks"]:
             from elastic_hydra import stacks
 
-            sys.exit(stacks.main(args[1:]))
+            sys.exit(_printing(stacks.main, args[1:]))
         inv = parse_argv(args, hydra_boundary.hydra_flags())
         for note in inv.notes:
             print(f"elastic-hydra: note: {note}", file=sys.stderr)
@@ -62,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
                 raise ConfigError("job", "no such file", str(inv.job), "expected a job YAML file")
             check_job_file(str(inv.job))
         if inv.plan is not None:
-            sys.exit(show_plan(inv))
+            sys.exit(_printing(show_plan, inv))
         code = job.run_command(inv)
     except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
         sys.exit(130)
@@ -71,6 +73,17 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if (signum := stopsignals.pending_signal()) is not None:
         sys.exit(128 + signum)
     sys.exit(code)
+
+
+def _printing(command: Callable[[T], int], arg: T) -> int:
+    """Run a command whose output is the point (`--plan`, `report`, `stacks`). A reader that
+    stops early (`--plan | head`) ends it quietly, as SIGPIPE ends `cat`: 128 + SIGPIPE."""
+    try:
+        return command(arg)
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: let that flush go nowhere instead of failing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _fail_for(exc: Exception, inv: Invocation | None, args: Sequence[str]) -> NoReturn:

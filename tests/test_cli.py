@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO
-from launch import compose, invocation, resolved, run
+from launch import ELASTIC_HYDRA, compose, invocation, launcher_env, resolved, run
 from omegaconf import OmegaConf
 
 from elastic_hydra.cli import main
@@ -176,6 +176,31 @@ def test_plan_prints_command_and_creates_nothing(workdir: Path) -> None:
     assert "standalone" in proc.stdout
     assert "world size 2" in proc.stdout
     assert sorted(p.name for p in workdir.iterdir()) == before
+
+
+@pytest.mark.parametrize("command", [["--plan"], ["--plan=json"], ["--plan=yaml"], ["report"]])
+def test_a_reader_that_left_ends_the_output_quietly(workdir: Path, command: list[str]) -> None:
+    """`--plan | head`: the reader is gone before the first write; no error line, SIGPIPE's code."""
+    read, write = os.pipe()
+    os.close(read)
+    words = ["--nproc-per-node=2", "train.py"] if command[0].startswith("--plan") else []
+    if command == ["report"]:
+        assert run("script=train.py", cwd=workdir).returncode == 0
+    try:
+        proc = subprocess.run(
+            [*ELASTIC_HYDRA, *command, *words],
+            cwd=workdir,
+            env=launcher_env(),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 128 + signal.SIGPIPE
+    assert "error" not in proc.stderr.lower() and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_plan_for_a_job_file_in_another_directory(tmp_path: Path) -> None:
