@@ -85,7 +85,6 @@ class Executor:
         # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
-        self.elastic = not fixed and plan.nnodes.min < plan.nnodes.max
         self.hang = hang if plan.hang.timeout is not None else None
         if self.hang is not None:  # look at the workers' progress as often as they sample it
             self.check_every = min(self.check_every or plan.hang.sample, plan.hang.sample)
@@ -203,15 +202,16 @@ class Executor:
         self, group: WorkerGroup, node: NodeAssignment, failed: list[WorkerExit]
     ) -> tuple[_Ended, str] | None:
         """Another node whose workers fail, restart or die breaks this node's collectives: its
-        workers fail before the rendezvous tells. Wait that long for it to tell: in an elastic
-        job after any failure (a dead node shows only by its missing heartbeats), in any
-        multi-node job after failures that all read as a lost peer. If it tells, the failures
-        were collateral: no restart is spent, none is published, none is the root cause. In a
-        fixed-size job, a failure that does not read as a lost peer ends the wait. Failures
-        seen during the wait are added to `failed`; a stop signal during it stops the node."""
-        if not isinstance(spec := self.plan.rdzv, Dynamic) or self.plan.nnodes.max < 2:
+        workers fail (gloo's "Connection closed by peer", NCCL's remote errors) before the
+        rendezvous tells. When every failure reads as a lost peer and another node is in the
+        round, wait that long for it to tell. If it does, the failures were collateral: no
+        restart is spent, none is published, none is the root cause. A rank's own fault (any
+        other error, seen before or during the wait) is never collateral: it ends the wait and
+        counts at once, even if a peer then restarts because of it. A stop signal during the
+        wait stops the node."""
+        if not isinstance(spec := self.plan.rdzv, Dynamic) or node.group_world_size < 2:
             return None
-        if not self.elastic and not all(lost_a_peer(self.failure_text(r)) for r in failed):
+        if not self._lost_peers(failed):
             return None
         # The bound after the last heartbeat, and two reads of the shared state that confirm it.
         deadline = self.clock.mono() + spec.departure_bound + spec.keep_alive_interval + 2
@@ -233,12 +233,16 @@ class Executor:
             except LogWriteError as exc:
                 return _Ended.LOGS_FAILED, str(exc)
             failed += more
-            if not self.elastic and not all(lost_a_peer(self.failure_text(r)) for r in more):
+            if not self._lost_peers(more):
                 return None
         if (signum := self.stop_request.signum) is not None:
             self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
             return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
         return None
+
+    def _lost_peers(self, failed: Sequence[WorkerExit]) -> bool:
+        """Whether every one of these failures reads as a lost peer, not a fault of its own."""
+        return all(lost_a_peer(self.failure_text(r)) for r in failed)
 
     def _membership(self, collateral: Sequence[WorkerExit] = ()) -> tuple[_Ended, str] | None:
         try:

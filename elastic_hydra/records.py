@@ -39,10 +39,12 @@ _SIGNAL_HINTS = {
 
 # What a rank raises when a peer of its collectives went away (died, or was stopped by its own
 # agent for a restart): gloo's and the c10d store's broken connections, NCCL's remote errors...
+# Not a timeout (gloo's "Application timeout caused pair closure", NCCL's watchdog aborting its
+# communicator): every rank of a hang or a desync raises those, and they come long after the
+# rendezvous has told of a node that really went away.
 _LOST_PEER = re.compile(
     r"Connection (closed|reset) by peer|Broken pipe|failed to recv, got 0 bytes|"
-    r"remote process exited|ncclRemoteError|NCCL communicator was aborted|"
-    r"Application timeout caused pair closure",
+    r"remote process exited|ncclRemoteError",
     re.IGNORECASE,
 )
 # ... in torch.distributed's words (not a download's ConnectionResetError, not a closed pipe).

@@ -598,12 +598,19 @@ def _this_node(handler: object) -> object:
 
 
 def _agent(node: object) -> str:
-    return f"{getattr(node, 'addr', node)}, pid {getattr(node, 'pid', '?')}"
+    return f"{_shown(getattr(node, 'addr', node))}, pid {_shown(getattr(node, 'pid', '?'))}"
 
 
 def _node_name(node: object) -> str:
     addr, pid = getattr(node, "addr", None), getattr(node, "pid", None)
-    return f"{addr} (agent pid {pid})" if addr is not None else str(node)
+    return f"{_shown(addr)} (agent pid {_shown(pid)})" if addr is not None else _shown(node)
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """A value from torch's shared state (any agent wrote it) as one short printable word: it
+    reaches the console, the events and summary.json."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value)[: limit + 1])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _reason(exc: BaseException) -> str:

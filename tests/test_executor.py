@@ -747,12 +747,20 @@ def test_a_departed_node_rerendezvous_without_spending_a_restart() -> None:
     assert event == {"change": "left", "reason": "node b left the job", "nodes": 1}
 
 
+LOST_PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1961."
+TORCHRUN_NODE = PeerFailure(
+    node="10.0.0.1, pid 42", node_rank=0, ranks="0-1", what="restarted its workers",
+    rdzv_round=0, time=5.0,
+)  # fmt: skip
+
+
 def test_workers_that_fail_because_a_node_died_are_its_collateral_in_an_elastic_job() -> None:
     # Rank 0's collective broke at 1.2 s when node b died; the heartbeats tell 3 polls later.
     left = Change(kind=ChangeKind.LEFT, reason="node b left the job", nodes=1)
     rdzv = FakeRendezvous([assignment(nodes=2), assignment(nodes=1)], changes=[None] * 5 + [left])
     plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=0))  # nnodes=1:2
     h = harness({0: {0: (1, 1.2)}, 1: ALL_SUCCEED[0]}, plan=plan, rdzv=rdzv)
+    h.errors[0] = LOST_PEER
     outcome = h.run()
 
     assert outcome.status is Status.SUCCEEDED  # restarts are off, and none was needed
@@ -765,24 +773,49 @@ def test_workers_that_fail_because_a_node_died_are_its_collateral_in_an_elastic_
     assert EventKind.RESTART not in h.observer.kinds
 
 
-def test_a_real_failure_in_an_elastic_job_counts_once_no_node_left() -> None:
+def test_a_real_failure_in_an_elastic_job_counts_at_once() -> None:
     rdzv = FakeRendezvous([assignment(nodes=2)])
     plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=0))
     h = harness({0: {0: (1, 1.2)}}, plan=plan, rdzv=rdzv)
+    h.errors[0] = "ValueError: boom"
     outcome = h.run()
 
     assert outcome.status is Status.FAILED
     assert outcome.root_cause is not None and outcome.root_cause.rank == 0
     assert [e.rank for e in rdzv.published] == [0]
-    # It waited for the departure bound (5 s x 3), a heartbeat (5 s) and 2 s, no more.
-    assert 1.2 + 22 <= h.clock.now - T0 < 1.2 + 22 + 1
+    assert h.clock.now - T0 < 1.2 + 2.0 + 1  # no wait for the departure bound
 
 
-LOST_PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1961."
-TORCHRUN_NODE = PeerFailure(
-    node="10.0.0.1, pid 42", node_rank=0, ranks="0-1", what="restarted its workers",
-    rdzv_round=0, time=5.0,
-)  # fmt: skip
+def test_a_ranks_own_fault_is_not_collateral_of_the_restart_it_caused() -> None:
+    # Our rank 0 raised at 1.2 s; the other node's ranks broke with it and its agent restarted
+    # them at once (the poll after the fault sees it). That restart must not turn our fault into
+    # its collateral: it is the root cause, published, and (restarts off) ends the job.
+    restarted = Change(
+        kind=ChangeKind.JOINED, reason="node 0 (torchrun agent) restarted its workers", nodes=1,
+        peers=(TORCHRUN_NODE,),
+    )  # fmt: skip
+    rdzv = FakeRendezvous([assignment(nodes=2)] * 2, changes=[None, None, restarted])
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=0))  # nnodes=1:2
+    h = harness({0: {0: (1, 1.2)}, 1: ALL_SUCCEED[0]}, plan=plan, rdzv=rdzv)
+    h.errors[0] = "ValueError: boom"
+    outcome = h.run()
+
+    assert outcome.status is Status.FAILED
+    assert outcome.root_cause is not None and outcome.root_cause.rank == 0
+    assert not outcome.root_cause.after_node_loss
+    assert [e.rank for e in rdzv.published] == [0]
+    assert h.observer.of(EventKind.MEMBERSHIP) == []
+
+
+def test_an_elastic_job_alone_in_its_round_never_waits_for_another_node() -> None:
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=1))  # nnodes=1:2, one node
+    rdzv = FakeRendezvous([assignment(nodes=1)] * 2)
+    h = harness({0: {0: (1, 1.2)}, 1: ALL_SUCCEED[0]}, plan=plan, rdzv=rdzv)
+    h.errors[0] = LOST_PEER  # e.g. a store of its own it lost
+    outcome = h.run()
+
+    assert (outcome.status, outcome.restarts) == (Status.SUCCEEDED, 1)
+    assert h.clock.now - T0 < 1.2 + 2.0 + 1
 
 
 def fixed_two_nodes(max_restarts: int) -> LaunchPlan:
@@ -883,6 +916,7 @@ def test_a_node_loss_below_the_minimum_ends_an_elastic_job_at_once_without_blame
         make_plan(dynamic=True, restart=RestartSpec(max_restarts=3)), nnodes=NodeRange(min=2, max=3)
     )
     h = harness({0: {0: (1, 1.2)}}, plan=plan, rdzv=rdzv)
+    h.errors[0] = LOST_PEER
     outcome = h.run()
 
     assert outcome.status is Status.RENDEZVOUS_FAILED and outcome.exit_code == 3

@@ -200,6 +200,12 @@ def test_errors_of_a_lost_peer_are_told_apart(error: str) -> None:
         "",
         "ConnectionResetError: [Errno 104] Connection reset by peer",  # a download, say
         "BrokenPipeError: [Errno 32] Broken pipe",
+        # Timeouts: every rank of a hang raises them, whoever is at fault.
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:446] Application timeout "
+        "caused pair closure",
+        "torch.distributed.DistBackendError: [Rank 1] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE) ran for 600000 milliseconds before timing "
+        "out.\nNCCL communicator was aborted on rank 1.",
     ],
 )
 def test_a_ranks_own_fault_is_not_a_lost_peer(error: str) -> None:
@@ -292,3 +298,17 @@ def test_a_member_missing_from_two_reads_has_left(monkeypatch: pytest.MonkeyPatc
     closed = rdzv.poll()
     assert closed is not None and closed.kind is ChangeKind.CLOSED
     assert closed.reason.startswith("another node ended the job; if it is node 1 (torchrun")
+
+
+def test_a_node_name_from_the_shared_state_is_one_short_printable_word(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Any agent writes its own address into torch's state: it reaches our console and files.
+    evil = Node("\x1b]0;pwned\x07host\n" + "x" * 5000, 33)
+    state = State(participants={A: 0, evil: 1}, wait_list={evil})
+    rdzv, _clock = watching(state, monkeypatch)
+    rdzv._members, rdzv._torchrun = frozenset({A, evil}), {}
+    change = rdzv.poll()
+    assert change is not None and change.kind is ChangeKind.JOINED
+    assert change.reason.isprintable() and len(change.reason) < 200, change.reason
+    assert change.reason.startswith("?]0;pwned?host?xxx")
