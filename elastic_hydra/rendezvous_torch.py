@@ -1,27 +1,25 @@
 """Multi-node rendezvous through PyTorch's own handlers: c10d, etcd-v2 and legacy etcd.
 
-torch is imported here only, and only for these backends. The store keys for rank assignment and
-the exit barrier are torchrun's, so elastic-hydra and torchrun agents can share one rendezvous.
+torch is imported here and in `torch_handler` only, and only for these backends. The store keys
+for rank assignment and the exit barrier are torchrun's, so elastic-hydra and torchrun agents can
+share one rendezvous.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from elastic_hydra import hang_share, job_store, store_records
-from elastic_hydra.errors import ConfigError, RendezvousError
+from elastic_hydra.errors import RendezvousError
 from elastic_hydra.events import EventKind
 from elastic_hydra.outcome import Status, WorkerExit
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
 from elastic_hydra.records import HangRecord, PeerFailure, peer_name
-from elastic_hydra.rendezvous import listen_socket
 from elastic_hydra.seams import (
     Change,
     ChangeKind,
@@ -30,10 +28,18 @@ from elastic_hydra.seams import (
     Observer,
     StopRequest,
 )
+from elastic_hydra.torch_handler import (
+    RendezvousHandler,
+    Store,
+    agent_name,
+    bound_tcp_store,
+    create_handler,
+    dynamic_state,
+    node_name,
+    reason,
+    this_node,
+)
 
-# torch's Store and RendezvousHandler, typed loosely: torch is optional and ships partial stubs.
-Store = Any
-RendezvousHandler = Any
 # torchrun's keys (torch/distributed/elastic/agent/server/api.py, utils/store.py).
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
 
@@ -88,7 +94,7 @@ class TorchRendezvous:
             waiting = self.handler.num_nodes_waiting()  # syncs the shared state (cached 1 s)
         except Exception as exc:
             raise RendezvousError(self._lost(exc)) from None
-        state = _dynamic_state(self.handler)
+        state = dynamic_state(self.handler)
         if state is not None and state.closed:
             return Change(kind=ChangeKind.CLOSED, reason=self._closed_reason())
         if waiting:
@@ -111,7 +117,7 @@ class TorchRendezvous:
             return None  # legacy etcd keeps no heartbeats: a departure shows as worker failures
         # Syncing drops nodes whose last heartbeat is older than the departure bound (this node
         # included, when its own heartbeat thread ran late: that is not a departure).
-        alive = self._members & (set(state.participants) | {_this_node(self.handler)})
+        alive = self._members & (set(state.participants) | {this_node(self.handler)})
         gone = frozenset(self._members - alive)
         if state.round == self._round and not self._confirmed(gone):
             return None
@@ -137,12 +143,14 @@ class TorchRendezvous:
 
     def _name(self, node: object) -> str:
         if (torchrun := self._torchrun.get(node)) is None:
-            return _node_name(node)
-        return peer_name(torchrun[0], _agent(node), torchrun[1])
+            return node_name(node)
+        return peer_name(torchrun[0], agent_name(node), torchrun[1])
 
     def _peers(self, nodes: Collection[object], what: str) -> tuple[PeerFailure, ...]:
         """What torchrun agents among `nodes` did: they publish no failure records of their own."""
-        found = sorted((t, _agent(n)) for n in nodes if (t := self._torchrun.get(n)) is not None)
+        found = sorted(
+            (t, agent_name(n)) for n in nodes if (t := self._torchrun.get(n)) is not None
+        )
         now, round_ = time.time(), self._round
         return tuple(
             PeerFailure(node=a, node_rank=r, ranks=ranks, what=what, rdzv_round=round_, time=now)
@@ -163,7 +171,7 @@ class TorchRendezvous:
         record = {
             **self.describe(exit, self.node),
             "rdzv_round": self._round,
-            "node": _node_name(_this_node(self.handler)),
+            "node": node_name(this_node(self.handler)),
         }
         job_store.publish_failure(self.job_store, self.plan.run_id, record, self.secret)
 
@@ -213,7 +221,7 @@ class TorchRendezvous:
         gone), and how many did not."""
         if self.job_store is None:
             return store_records.Checked(records=[], ignored=0)
-        legacy = _dynamic_state(self.handler) is None  # legacy etcd names no participants
+        legacy = dynamic_state(self.handler) is None  # legacy etcd names no participants
         return job_store.read_failures(
             self.job_store,
             self.plan.run_id,
@@ -249,53 +257,9 @@ class TorchRendezvous:
             self.handler.shutdown()
 
     # ------------------------------------------------------------------------------- internals
-    def _create_handler(self) -> RendezvousHandler:
-        spec = self.spec
-        _check_resolves(spec.endpoint.host)
-        parameters, get_handler = _import_torch_rendezvous(self.spec.backend)
-        options: dict[str, Any] = {
-            "join_timeout": int(spec.join_timeout),
-            "last_call_timeout": int(spec.last_call_timeout),
-            "close_timeout": int(spec.close_timeout),
-            "heartbeat_timeout": int(spec.heartbeat_timeout),
-            "keep_alive_interval": int(spec.keep_alive_interval),
-            "keep_alive_max_attempt": spec.keep_alive_max_attempt,
-            "read_timeout": int(spec.read_timeout),
-            "timeout": int(spec.timeout),
-        }
-        if spec.is_host is not None:
-            options["is_host"] = spec.is_host
-        params = parameters(
-            backend=spec.backend.value,
-            endpoint=str(spec.endpoint),
-            run_id=self.plan.run_id,
-            min_nodes=self.plan.nnodes.min,
-            max_nodes=self.plan.nnodes.max,
-            local_addr=self.plan.local_addr,
-            **options,
-        )
-        try:
-            with _stores_bound_to_their_host():
-                handler = get_handler(params)
-        except Exception as exc:
-            raise RendezvousError(
-                f"cannot reach the {self.where}: {_reason(exc)}. Start the "
-                f"{_server(spec)} there, or fix rdzv.endpoint"
-                + (
-                    f" (waited rdzv.read_timeout={spec.read_timeout:g} s)"
-                    if spec.backend is DynamicBackend.C10D
-                    else ""
-                )
-            ) from None
-        if hasattr(handler, "_create_tcp_store_server"):  # the store round 0's workers use
-            handler._create_tcp_store_server = lambda addr, port: bound_tcp_store(
-                addr, port, multi_tenant=True
-            )
-        return handler
-
     def _join(self) -> NodeAssignment:
         if self.handler is None:
-            self.handler = self._create_handler()
+            self.handler = create_handler(self.plan, self.where)
         from torch.distributed.elastic.rendezvous import api
 
         try:
@@ -342,11 +306,11 @@ class TorchRendezvous:
             )
         self.store = info.store
         self.job_store = getattr(info.store, "underlying_store", info.store)
-        state = _dynamic_state(self.handler)
+        state = dynamic_state(self.handler)
         if state is not None:
             self._members, self._round = frozenset(state.participants), state.round
             self._gone = frozenset()
-            self._seen |= {_node_name(n) for n in self._members}
+            self._seen |= {node_name(n) for n in self._members}
         else:
             self._round += 1
         return NodeAssignment(
@@ -394,7 +358,7 @@ class TorchRendezvous:
 
     def _torchrun_nodes(self, store: Store, ranks: set[int]) -> dict[object, tuple[int, str]]:
         """The round's nodes that published no facts (torchrun agents), by torch's node."""
-        state = _dynamic_state(self.handler)
+        state = dynamic_state(self.handler)
         if not ranks or state is None:
             return {}
         workers = job_store.node_ranks(store, ranks)
@@ -469,7 +433,7 @@ class TorchRendezvous:
         )
 
     def _lost(self, exc: BaseException) -> str:
-        lost = f"lost the {self.where}: {_reason(exc)}."
+        lost = f"lost the {self.where}: {reason(exc)}."
         if self.spec.backend is not DynamicBackend.C10D:
             return f"{lost} Check that etcd is running"
         if self.spec.is_host is False:  # the store lives apart already (an rdzv-server)
@@ -483,145 +447,3 @@ class TorchRendezvous:
         return (
             f"{lost} {host}; run the store apart from the agents with `elastic-hydra rdzv-server`"
         )
-
-
-def _check_resolves(host: str) -> None:
-    """A host name that does not resolve fails now, by name (torch would retry it for the whole
-    read timeout and then blame the connection)."""
-    try:
-        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise RendezvousError(
-            f"the rendezvous host {host!r} does not resolve ({_reason(exc)}): fix rdzv.endpoint, "
-            "or make the name resolvable on this node (DNS or /etc/hosts)"
-        ) from None
-
-
-def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
-    """torch's RendezvousParameters and get_rendezvous_handler, or a ConfigError naming the
-    package to install."""
-    verbose = os.environ.get("ELASTIC_HYDRA_FULL_ERROR") == "1"
-    try:
-        with _quiet_torch_cpp(not verbose):
-            from torch.distributed.elastic.rendezvous import RendezvousParameters
-            from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-    except ImportError:
-        raise ConfigError(
-            "rdzv.backend",
-            "needs PyTorch, which is not installed",
-            backend.value,
-            "install it with `pip install torch` (or pick rdzv=standalone or rdzv=static)",
-        ) from None
-    if backend is not DynamicBackend.C10D:
-        try:
-            import etcd  # noqa: F401  (python-etcd, the client torch's etcd handlers use)
-        except ImportError:
-            raise ConfigError(
-                "rdzv.backend",
-                "needs the python-etcd client, which is not installed",
-                backend.value,
-                "install it with `pip install python-etcd`",
-            ) from None
-    if not verbose:  # our one-line errors say what failed; torch's warnings repeat it
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
-        if backend is DynamicBackend.ETCD:  # sets its own logger to INFO, on stderr, at import
-            from torch.distributed.elastic.rendezvous import etcd_rendezvous
-
-            etcd_rendezvous.logger.setLevel(logging.ERROR)
-    return RendezvousParameters, get_rendezvous_handler
-
-
-@contextlib.contextmanager
-def _quiet_torch_cpp(quiet: bool) -> Iterator[None]:
-    """Load torch with its C++ log level at FATAL (read once, at load) unless the user set it.
-
-    The variable is set only while torch loads: workers never see it.
-    """
-    if not quiet or "TORCH_CPP_LOG_LEVEL" in os.environ:
-        yield
-        return
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
-    try:
-        yield
-    finally:
-        del os.environ["TORCH_CPP_LOG_LEVEL"]
-
-
-def bound_tcp_store(host: str, port: int, **options: Any) -> Store:
-    """A TCPStore server that listens on `host` only, not on every interface."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
-
-    sock = listen_socket(host, port)
-    try:
-        store = TCPStore(
-            host, sock.getsockname()[1], is_master=True, master_listen_fd=sock.fileno(), **options
-        )
-    except BaseException:
-        sock.close()
-        raise
-    sock.detach()  # the store owns the descriptor now
-    return store
-
-
-@contextlib.contextmanager
-def _stores_bound_to_their_host() -> Iterator[None]:
-    """While torch's c10d backend creates its store: the hosting agent's listens on the
-    endpoint's address alone. A bind that fails (another agent on this machine hosts it) is the
-    error torch expects, so it joins as a client, as it would have."""
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
-
-    original = c10d.TCPStore
-
-    def tcp_store(host: str, port: int, *args: Any, is_master: bool = False, **kw: Any) -> Store:
-        if not is_master or args:
-            return original(host, port, *args, is_master=is_master, **kw)
-        try:
-            return bound_tcp_store(host, port, **kw)
-        except OSError as exc:
-            raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-
-    c10d.TCPStore = tcp_store
-    try:
-        yield
-    finally:
-        c10d.TCPStore = original
-
-
-def _dynamic_state(handler: object) -> Any:
-    """The shared state of torch's dynamic handler (c10d, etcd-v2); None for legacy etcd."""
-    holder = getattr(handler, "_state_holder", None)
-    return None if holder is None else holder.state
-
-
-def _this_node(handler: object) -> object:
-    return getattr(handler, "_this_node", None)
-
-
-def _agent(node: object) -> str:
-    return f"{_shown(getattr(node, 'addr', node))}, pid {_shown(getattr(node, 'pid', '?'))}"
-
-
-def _node_name(node: object) -> str:
-    addr, pid = getattr(node, "addr", None), getattr(node, "pid", None)
-    return f"{_shown(addr)} (agent pid {_shown(pid)})" if addr is not None else _shown(node)
-
-
-def _shown(value: object, limit: int = 80) -> str:
-    """A value from torch's shared state (any agent wrote it) as one short printable word: it
-    reaches the console, the events and summary.json."""
-    text = "".join(c if c.isprintable() else "?" for c in str(value)[: limit + 1])
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _reason(exc: BaseException) -> str:
-    """The innermost message of torch's wrapped errors, on one line."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
-    return text if len(text) < 300 else text[:297] + "..."
-
-
-def _server(spec: Dynamic) -> str:
-    if spec.backend is DynamicBackend.C10D:
-        return "store (an agent with rdzv.is_host=true, or `elastic-hydra rdzv-server`)"
-    return "etcd server (with --enable-v2 for etcd-v2)"

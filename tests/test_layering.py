@@ -53,7 +53,9 @@ ALLOWED: dict[str, set[str]] = {
     "executor": {"errors", "events", "outcome", "plan", "policy", "records", "seams"},
     "supervise": {"contain", "errors", "logpump", "rundir", "seams"},
     "rendezvous": {"outcome", "plan", "seams"},
-    "rendezvous_torch": RUNTIME | {"hang_share", "job_store", "rendezvous", "store_records"},
+    "rendezvous_torch": RUNTIME | {"hang_share", "job_store", "rendezvous", "store_records",
+                                   "torch_handler"},
+    "torch_handler": {"errors", "plan", "rendezvous"},
     "hang_share": {"hangs", "records"},
     "job_store": {"seams", "store_records"},
     "rdzv_server": {"rendezvous", "stopsignals"},
@@ -101,7 +103,7 @@ MAY_IMPORT = {
     "hydra": {"argv", "cli", "config_errors", "hydra_boundary", "schema"},
     "omegaconf": {"config_errors", "hydra_boundary", "job", "jobyaml", "resolve", "schema"},
     "rich": {"render", "render_pool"},
-    "torch": {"rendezvous_torch", "rdzv_server"},
+    "torch": {"rendezvous_torch", "rdzv_server", "torch_handler"},
 }
 
 
@@ -244,6 +246,7 @@ def test_the_checker_sees_imports() -> None:
     assert {"hydra", "omegaconf"} <= imported_roots(PACKAGE / "hydra_boundary.py")
     assert "rich" in imported_roots(PACKAGE / "render.py")
     assert "torch" in imported_roots(PACKAGE / "rendezvous_torch.py")
+    assert "torch" in imported_roots(PACKAGE / "torch_handler.py")
 
 
 def test_the_launch_path_loads_rich_only_for_reports() -> None:
