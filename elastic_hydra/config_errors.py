@@ -30,8 +30,8 @@ def explain(exc: BaseException, job: Path | None = None, args: Sequence[str] = (
     An error in the job file (a typo, a wrong type) names the file and line of the key too.
     `args` is the command line, for Hydra's usage errors that do not name the override.
     """
-    if isinstance(exc, ConfigError):
-        return exc.line()
+    if (ours := _ours(exc)) is not None:  # raised by us, maybe inside one of our resolvers
+        return ours.line()
     if isinstance(exc, yaml.YAMLError):
         return f"job: not valid YAML ({' '.join(str(exc).split())})"
     if isinstance(exc, ValueError) and _raised_in_hydra(exc):
@@ -60,6 +60,16 @@ def explain(exc: BaseException, job: Path | None = None, args: Sequence[str] = (
             error.problem += f" in {job}:{where}"
         return error.line()
     return " ".join(str(exc).split())
+
+
+def _ours(exc: BaseException | None) -> ConfigError | None:
+    """Our own error, also where Hydra or OmegaConf wrapped it (a resolver of ours raised it)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ConfigError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _usage_line(exc: ValueError, args: Sequence[str]) -> str:

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from elastic_hydra import schema, slurm
 from elastic_hydra.argv import HydraFlags, Invocation, escape_interpolation
+from elastic_hydra.errors import ConfigError
 from elastic_hydra.schema import CONF_MODULE
 
 CONF_PATH = "pkg://" + CONF_MODULE
@@ -60,6 +61,7 @@ def register() -> None:
     schema.register()
     OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eh.launch", _launch_name, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("eh.root", _logs_root, replace=True)
     OmegaConf.register_new_resolver("eh.keys", schema.keys_text, replace=True)  # for --help
     _plugins_listable()
 
@@ -81,6 +83,15 @@ def _plugins_listable() -> None:
     home = str(Path(next(iter(spec.submodule_search_locations))).parent)
     if home not in list(hydra_plugins.__path__):
         hydra_plugins.__path__.append(home)
+
+
+def _logs_root(root: object) -> str:
+    """logs.root as the start of a run or sweep dir: an empty one would put them into /."""
+    if not str(root).strip():
+        raise ConfigError(
+            "logs.root", "is empty", str(root), "expected a directory, e.g. logs.root=eh_logs"
+        )
+    return str(root)
 
 
 def _launch_name() -> str:

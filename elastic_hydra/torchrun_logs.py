@@ -30,7 +30,7 @@ def is_std_spec(text: str) -> bool:
 
 def logs(b: Builder, v: Mapping[str, Given], nproc: int | None, env: Mapping[str, str]) -> None:
     """--log-dir, -r/--redirects, -t/--tee, --local-ranks-filter and torchrun's prefix template."""
-    if (g := v.get("log_dir")) is not None:
+    if (g := v.get("log_dir")) is not None and str(g.value).strip():  # empty: unset, as torchrun
         b.set("logs.root", str(g.value), g)
     red, tee, only = v.get("redirects"), v.get("tee"), v.get("local_ranks_filter")
     if red is not None or tee is not None or only is not None:

@@ -149,6 +149,21 @@ def test_a_logs_root_that_cannot_be_made_is_one_line_before_anything_starts(work
     assert "hello" not in line
 
 
+@pytest.mark.parametrize("sweep", [False, True])
+def test_an_empty_logs_root_is_one_line_and_nothing_lands_in_the_root_dir(
+    work: Path, sweep: bool
+) -> None:
+    # `${logs.root}/<date>/...` with an empty root is a path under /: run or sweep dir alike.
+    before = set(Path("/").iterdir())
+    line = one_error_line(run(*(["-m"] if sweep else []), "script=x.py", "logs.root=", cwd=work))
+    assert line == (
+        "elastic-hydra: error: logs.root: is empty (got ''); expected a directory, e.g. "
+        "logs.root=eh_logs."
+    )
+    assert set(Path("/").iterdir()) == before
+    assert tree(work) == {"x.py"}
+
+
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     with tmpfs(tmp_path / "ro", "size=1m,ro") as ro:

@@ -113,6 +113,7 @@ TRANSLATIONS: list[tuple[list[str], dict[str, str], tuple[str, ...]]] = [
       "monitor_interval": "0.5", "stop_grace": "5", "local_addr": "'127.0.0.1'"}, ()),
     (["--log-dir", "/tmp/logs", "-t", "3", "t.py"],
      {"script": "'t.py'", "logs.root": "'/tmp/logs'", "logs.tee": "true"}, ()),
+    (["--log-dir=", "t.py"], {"script": "'t.py'"}, ()),  # empty: unset, as torchrun
     (["-r3", "t.py"], {"script": "'t.py'", "logs.tee": "false"}, ()),
     (["-r", "3", "--tee=3", "t.py"], {"script": "'t.py'", "logs.tee": "true"}, ()),
     (["--redirects=0:3", "--nproc-per-node=3", "t.py"],
