@@ -97,6 +97,9 @@ def _refuse_static_keys(conf: ElasticHydraConf) -> None:
             )  # fmt: skip
 
 
+MAX_NNODES = 65536  # far beyond any job; a typo's 10**20 nodes would reach the workers' env
+
+
 def parse_nnodes(value: object) -> NodeRange:
     """`2` -> 2..2, `"2:4"` -> 2..4 (see `jobfile.check_job_file` for YAML's unquoted 2:4)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -109,6 +112,8 @@ def parse_nnodes(value: object) -> NodeRange:
         raise ConfigError("nnodes", "needs at least 1 node", value, _NNODES_FORM)
     if lo > hi:
         raise ConfigError("nnodes", "MIN is larger than MAX", value, _NNODES_FORM)
+    if hi > MAX_NNODES:
+        raise ConfigError("nnodes", f"more than {MAX_NNODES} nodes", value, _NNODES_FORM)
     return NodeRange(min=lo, max=hi)
 
 
@@ -224,15 +229,17 @@ def parse_endpoint(text: str, default_port: int, *, key: str) -> Endpoint:
         host, sep, rest = raw[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
             raise ConfigError(key, "malformed IPv6 endpoint", text, form)
-        port_text = rest[1:] if rest else ""
+        port_text, colon = rest[1:], rest[:1]
     else:
-        host, _, port_text = raw.partition(":")
+        host, colon, port_text = raw.partition(":")
         if ":" in port_text:
             raise ConfigError(key, "too many ':'", text, form, "Write an IPv6 host as [addr]:port.")
     if not host:
         raise ConfigError(key, "no host", text, form)
-    if port_text == "":
+    if not colon:
         return Endpoint(host=host, port=default_port)
+    if port_text == "":  # torchrun refuses it too
+        raise ConfigError(key, "no port after ':'", text, form)
     if not port_text.isdigit():
         raise ConfigError(key, "port is not a number", text, form)
     return Endpoint(host=host, port=_port(key, int(port_text), text))

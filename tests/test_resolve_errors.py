@@ -57,6 +57,7 @@ CASES = [
     case("nnodes-min-above-max", [T, "nnodes=4:2"], "nnodes", "MIN is larger than MAX", "'4:2'"),
     case("nnodes-not-a-number", [T, "nnodes=abc"], "nnodes", "got 'abc'", "nnodes=2:4"),
     case("nnodes-three-parts", [T, "nnodes=1:2:3"], "nnodes", "got '1:2:3'", "MIN:MAX"),
+    case("nnodes-absurd", [T, "nnodes=1:99999999999999999999"], "nnodes", "more than 65536"),
     case(
         "nnodes-yaml-base60",
         ["unquoted_range.yaml"],
@@ -117,6 +118,8 @@ CASES = [
         "got 'host:70000'",
         "1..65535",
     ),
+    case("endpoint-empty-port", [*C10D, "rdzv.endpoint=host:"], "rdzv.endpoint", "no port"),
+    case("endpoint-v6-empty-port", [*C10D, "rdzv.endpoint='[::1]:'"], "rdzv.endpoint", "no port"),
     case(
         "endpoint-empty-host",
         [*C10D, "rdzv.endpoint=:29400"],
