@@ -268,6 +268,9 @@ NOTES = [
     (["--rdzv-backend=static", "--rdzv-endpoint=h:2", "--master-port=3", "--nnodes=2", "t.py"],
      "--master-port=3 is ignored: --rdzv-endpoint=h:2 names the master of a static rendezvous, "
      "as under torchrun"),
+    (["--signals-to-handle=SIGTERM", "t.py"], "--signals-to-handle=SIGTERM: elastic-hydra stops "
+     "on SIGTERM, SIGINT, SIGHUP and SIGQUIT alike, forwarding the signal to the workers "
+     "(TORCHELASTIC_SIGNALS_TO_HANDLE names all four)"),
 ]  # fmt: skip
 
 
@@ -284,7 +287,7 @@ REFUSALS = [
     (["--logs-specs=mine", "t.py"], "--logs-specs: not supported by elastic-hydra"),
     (["--event-log-handler=console", "t.py"], "events to events.jsonl in its run dir"),
     (["--signals-to-handle=SIGTERM,SIGUSR1", "t.py"], "srun --signal=TERM@120"),
-    (["--signals-to-handle=SIGTERM", "t.py"], "always stops on SIGTERM, SIGINT, SIGHUP and"),
+    (["--signals-to-handle=SIGUSR1", "t.py"], "stops on SIGTERM, SIGINT, SIGHUP and SIGQUIT only"),
     (["--numa-binding=node", "t.py"], "--numa-binding: only exclusive has an equivalent here"),
     (["--numa-binding=socket", "t.py"], "cpu_bind=true gives each worker its own CPUs"),
     (["--numa-binding", "core-complex", "t.py"], "only exclusive has an equivalent here"),
