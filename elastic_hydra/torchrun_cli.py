@@ -102,6 +102,9 @@ def take_flag(argv: Sequence[str], i: int) -> tuple[str, Given, int] | None:
     else:
         raise ConfigError(name, "needs a value", word, f"expected {name}=VALUE")
     if name == "-r" and not is_std_spec(value):
+        if value and set(value) <= set("0123456789:,"):  # meant as a spec: never a script name
+            shown = argv[i] if eq else f"{name} {value}"
+            raise ConfigError(name, "not a redirect spec", shown, "expected 0-3 or e.g. 0:3,1:0")
         return None
     return flag.dest, Given(name=name, value=value, shown=f"{name}={value}", explicit=True), after
 

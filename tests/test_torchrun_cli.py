@@ -288,6 +288,8 @@ REFUSALS = [
     (["--event-log-handler=console", "t.py"], "events to events.jsonl in its run dir"),
     (["--signals-to-handle=SIGTERM,SIGUSR1", "t.py"], "srun --signal=TERM@120"),
     (["--signals-to-handle=SIGUSR1", "t.py"], "stops on SIGTERM, SIGINT, SIGHUP and SIGQUIT only"),
+    (["-r", "4", "t.py"], "-r: not a redirect spec (got '-r 4'); expected 0-3 or e.g. 0:3,1:0"),
+    (["-r0:5", "t.py"], "-r: not a redirect spec (got '-r0:5')"),
     (["--numa-binding=node", "t.py"], "--numa-binding: only exclusive has an equivalent here"),
     (["--numa-binding=socket", "t.py"], "cpu_bind=true gives each worker its own CPUs"),
     (["--numa-binding", "core-complex", "t.py"], "only exclusive has an equivalent here"),
