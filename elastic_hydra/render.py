@@ -314,12 +314,12 @@ def _other_ranks(summary: RunSummary, cause: FailureRecord | None, *, plain: boo
         table.add_column(name, overflow="fold")
     for e in sorted(exits, key=lambda e: e.rank):
         how = e.exit
-        if e.terminated_by_launcher:
+        if e.returncode == 0:  # done by itself, or it heard the launcher's stop and ended well
+            how = "exited 0"
+        elif e.terminated_by_launcher:
             how = f"terminated by launcher ({e.signal or how})"
         elif e.after_node_loss:
             how = f"{how}, collateral of another node's failure or loss"
-        elif e.returncode == 0:
-            how = "exited 0"
         table.add_row(str(e.rank), str(e.local_rank), str(e.pid), Text(how))
     return table
 

@@ -201,3 +201,14 @@ def test_real_run_report_matches_golden(tmp_path: Path) -> None:
     text = text.replace(f" on {os.uname().nodename},", " on <host>,")
     text = re.sub(r" {2,}", "  ", text)  # table columns follow the widths of the pids
     check_golden("real_raise.plain", text)
+
+
+def test_a_rank_that_exited_0_as_the_launcher_stopped_the_others_is_not_called_terminated() -> None:
+    # Rank 0 returned at once while rank 1 raised: the stop that followed found it done (or it
+    # heard SIGTERM and ended well); either way it exited 0, which the table says as such.
+    cause = WorkerFailure(exit=exit_(1, 1), detail=detail(1, source="none"), host="node0")
+    done = exit_(0, 0, by_launcher=True, at=0.01)
+    outcome = RunOutcome(status=Status.FAILED, attempts=1, reason="r", exits=(cause.exit, done))
+    summary = summarize(plan(), outcome, [cause], host="node0", started=T0 - 1, duration=1.0)
+    (row,) = [ln for ln in rendered(summary, plain=True).splitlines() if ln.startswith("0 ")]
+    assert row.split()[-2:] == ["exited", "0"], row
