@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "torchrun_cli": {"errors", "torchrun_logs", "torchrun_rdzv"},
     "torchrun_logs": {"errors", "torchrun_rdzv"},
     "torchrun_rdzv": {"errors"},
-    "hydra_boundary": {"argv", "schema", "slurm"},  # slurm: the run dir of a Slurm step
+    "hydra_boundary": {"argv", "errors", "schema", "slurm"},  # slurm: a Slurm step's run dir
     "config_errors": {"errors", "jobfile", "schema"},
     "jobfile": {"errors"},
     "schema": set(),
