@@ -183,6 +183,7 @@ def translate(
     nproc = _size(b, values)
     rendezvous(b, values)
     _runtime(b, values, environ)
+    _signals(b, values)
     logs(b, values, nproc, environ)
     return Translation(settings=tuple(b.settings), notes=tuple(b.notes))
 
@@ -233,18 +234,24 @@ def _refusals(v: Mapping[str, Given]) -> None:
             g.name, "not supported by elastic-hydra", g.shown, "drop it (or give null)",
             "Every run writes its events to events.jsonl in its run dir.",
         )  # fmt: skip
-    if (g := v.get("signals_to_handle")) is not None and not _signal_names(g) <= set(
-        DEFAULT_SIGNALS
-    ):
+
+
+def _signals(b: Builder, v: Mapping[str, Given]) -> None:
+    """--signals-to-handle: the four stop signals are always handled; a subset gets a note."""
+    if (g := v.get("signals_to_handle")) is None:
+        return
+    names = {s.strip() for s in str(g.value).split(",") if s.strip()}
+    if not names <= set(DEFAULT_SIGNALS):
         raise ConfigError(
             g.name, "elastic-hydra stops on SIGTERM, SIGINT, SIGHUP and SIGQUIT only, "
             "forwarding the signal to the workers", g.shown, "drop it, or name only those",
             "For Slurm's warning before the time limit use srun --signal=TERM@120.",
         )  # fmt: skip
-
-
-def _signal_names(g: Given) -> set[str]:
-    return {s.strip() for s in str(g.value).split(",") if s.strip()}
+    if names != set(DEFAULT_SIGNALS):
+        b.note(
+            f"{g.shown}: elastic-hydra stops on SIGTERM, SIGINT, SIGHUP and SIGQUIT alike, "
+            "forwarding the signal to the workers (TORCHELASTIC_SIGNALS_TO_HANDLE names all four)"
+        )
 
 
 def _entrypoint(b: Builder, v: Mapping[str, Given], script: str | None, job: bool) -> None:
@@ -310,12 +317,7 @@ def _size(b: Builder, v: Mapping[str, Given]) -> int | None:
 
 
 def _runtime(b: Builder, v: Mapping[str, Given], environ: Mapping[str, str]) -> None:
-    """Restarts, the monitor interval, the role, the stop grace and the signals."""
-    if (g := v.get("signals_to_handle")) is not None and _signal_names(g) != set(DEFAULT_SIGNALS):
-        b.note(
-            f"{g.shown}: elastic-hydra stops on SIGTERM, SIGINT, SIGHUP and SIGQUIT alike, "
-            "forwarding the signal to the workers (TORCHELASTIC_SIGNALS_TO_HANDLE names all four)"
-        )
+    """Restarts, the monitor interval, the role and the stop grace."""
     if (g := v.get("max_restarts")) is not None:
         b.set("restart.max_restarts", number(g, int, "3"), g)
     if (g := v.get("monitor_interval")) is not None:
