@@ -1,3 +1,3 @@
-from elastic_hydra.entry import main
+from elastic_hydra.cli.entry import main
 
 main()

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from elastic_hydra.logpump import drain
-
 # torchrun's default --signals-to-handle, in its order: each is forwarded to the workers, then
 # the agent exits 128+N (env.SIGNALS_TO_HANDLE tells the workers, as torchrun does).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -71,3 +69,12 @@ def handle_signals(flag: StopFlag) -> Iterator[None]:
         signal.set_wakeup_fd(old_wake)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def drain(fd: int) -> None:
+    """Read a non-blocking descriptor empty (a wake-up pipe)."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass

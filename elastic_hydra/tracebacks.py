@@ -14,7 +14,7 @@ from typing import Any
 
 # Frames that belong to the launching machinery, not to the user's program.
 _LAUNCHER_FILES = (
-    "elastic_hydra/bootstrap.py",
+    "elastic_hydra/workers/bootstrap.py",
     "/runpy.py",
     "<frozen runpy>",
     "torch/distributed/elastic/multiprocessing/errors/__init__.py",

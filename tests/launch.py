@@ -18,25 +18,27 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from elastic_hydra import hydra_boundary, job
-from elastic_hydra.argv import Invocation, parse_argv
+from elastic_hydra.cli.argv import parse_argv
+from elastic_hydra.config import boundary
+from elastic_hydra.config.invocation import Invocation
+from elastic_hydra.launch import job
 from elastic_hydra.plan import LaunchPlan
 
 
 def invocation(*argv: str) -> Invocation:
     """The command line `elastic-hydra ARGV`, parsed."""
-    return parse_argv(argv, hydra_boundary.hydra_flags())
+    return parse_argv(argv, boundary.hydra_flags())
 
 
 def compose(*argv: str) -> DictConfig:
     """The job config a launch of `elastic-hydra ARGV` runs."""
-    cfg, _ = hydra_boundary.compose(invocation(*argv))
+    cfg, _ = boundary.compose(invocation(*argv))
     return cfg
 
 
 def plan_of(*argv: str) -> LaunchPlan:
     """The plan a launch of `elastic-hydra ARGV` runs (the one `--plan` prints)."""
-    cfg, ctx = hydra_boundary.compose(invocation(*argv))
+    cfg, ctx = boundary.compose(invocation(*argv))
     return job.plan_of(cfg, ctx)
 
 

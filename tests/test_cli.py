@@ -16,11 +16,11 @@ from conftest import REPO
 from launch import ELASTIC_HYDRA, compose, invocation, launcher_env, resolved, run
 from omegaconf import OmegaConf
 
-from elastic_hydra.cli import main
+from elastic_hydra.cli.main import main
 from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
 from elastic_hydra.records import RunSummary
-from elastic_hydra.resolve import resolve_config
-from elastic_hydra.resolve_entry import BOOTSTRAP
+from elastic_hydra.resolve.entry import BOOTSTRAP
+from elastic_hydra.resolve.resolver import resolve_config
 
 TIMEOUT = 60
 JOB = "defaults: [elastic_hydra_base, _self_]\nscript: train.py\nhp:\n  learning_rate: 0.1\n"
@@ -234,7 +234,7 @@ def test_a_plain_run_composes_once_and_saves_what_hydra_saves(
     from hydra._internal.hydra import Hydra
     from hydra.types import RunMode
 
-    from elastic_hydra import agent
+    from elastic_hydra.launch import wiring
 
     modes: list[RunMode | None] = []
     compose_config = Hydra.compose_config
@@ -250,7 +250,7 @@ def test_a_plain_run_composes_once_and_saves_what_hydra_saves(
         return 0, OK
 
     monkeypatch.setattr(Hydra, "compose_config", counting)
-    monkeypatch.setattr(agent, "run", recording)
+    monkeypatch.setattr(wiring, "run", recording)
     with pytest.raises(SystemExit) as exit_info:
         main(["jobs/x.yaml", "nproc_per_node=2"])
     assert exit_info.value.code == 0
@@ -269,21 +269,22 @@ def test_a_plain_run_composes_once_and_saves_what_hydra_saves(
 def test_outside_the_supported_hydra_range_hydra_main_runs_the_same_job(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from elastic_hydra import agent, hydra_boundary
+    from elastic_hydra.config import boundary
+    from elastic_hydra.launch import wiring
 
-    assert hydra_boundary.internals_supported("1.3.2") and hydra_boundary.internals_supported()
-    assert not hydra_boundary.internals_supported("1.4.0")
-    assert not hydra_boundary.internals_supported("1.3.1")
+    assert boundary.internals_supported("1.3.2") and boundary.internals_supported()
+    assert not boundary.internals_supported("1.4.0")
+    assert not boundary.internals_supported("1.3.1")
     plans: list[LaunchPlan] = []
 
     def recording(plan: LaunchPlan) -> tuple[int, RunSummary]:
         plans.append(plan)
         return 0, OK
 
-    monkeypatch.setattr(agent, "run", recording)
+    monkeypatch.setattr(wiring, "run", recording)
     argv = ["jobs/x.yaml", "nproc_per_node=2", "--", "--lr", "1"]
     for supported in (True, False):
-        monkeypatch.setattr(hydra_boundary, "internals_supported", lambda s=supported: s)
+        monkeypatch.setattr(boundary, "internals_supported", lambda s=supported: s)
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0
@@ -296,11 +297,11 @@ def test_outside_the_supported_hydra_range_hydra_main_runs_the_same_job(
 def test_no_hydra_state_is_left_behind(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra._internal import utils as hydra_utils
 
-    from elastic_hydra import agent
+    from elastic_hydra.launch import wiring
 
     report = hydra_utils.run_and_report
     argv = list(sys.argv)
-    monkeypatch.setattr(agent, "run", lambda plan: (0, OK))
+    monkeypatch.setattr(wiring, "run", lambda plan: (0, OK))
     for args in (["jobs/x.yaml"], ["-m", "jobs/x.yaml", "env.X=1,2"], ["jobs/x.yaml", "x=1"]):
         with pytest.raises(SystemExit):
             main(args)
@@ -309,7 +310,7 @@ def test_no_hydra_state_is_left_behind(workdir: Path, monkeypatch: pytest.Monkey
 
 def test_importing_the_cli_registers_nothing() -> None:
     probe = (
-        "import elastic_hydra.cli\n"
+        "import elastic_hydra.cli.main\n"
         "from omegaconf import OmegaConf\n"
         "print(OmegaConf.has_resolver('eh.host'))"
     )
@@ -337,7 +338,7 @@ def test_a_sweep_without_multirun_is_one_line_and_creates_nothing(workdir: Path)
 
 LEAVE = """
 import logging, logging.handlers, sys
-from elastic_hydra import entry
+from elastic_hydra.cli import entry
 # A buffering handler that writes only when flushed: what the exit must not lose.
 target = logging.FileHandler(sys.argv[1])
 logging.getLogger().addHandler(logging.handlers.MemoryHandler(1000, target=target))
@@ -444,12 +445,12 @@ def test_hello_worker_runs_alone(tmp_path: Path) -> None:
 def test_a_launcher_bug_prints_its_traceback_and_asks_for_a_report(
     workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from elastic_hydra import agent
+    from elastic_hydra.launch import wiring
 
     def broken(plan: object) -> tuple[int, RunSummary]:
         raise RuntimeError("bug in the agent")
 
-    monkeypatch.setattr(agent, "run", broken)
+    monkeypatch.setattr(wiring, "run", broken)
     with pytest.raises(SystemExit) as exit_info:
         main(["script=train.py", f"logs.root={workdir}/logs"])
     assert exit_info.value.code == 70

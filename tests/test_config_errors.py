@@ -10,12 +10,12 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from elastic_hydra.argv import keep_as_typed
-from elastic_hydra.cli import main
-from elastic_hydra.config_errors import from_omegaconf
+from elastic_hydra.cli.main import main
+from elastic_hydra.config.explain import from_omegaconf
+from elastic_hydra.config.invocation import keep_as_typed
+from elastic_hydra.config.schema import ElasticHydraConf
 from elastic_hydra.plan import LaunchPlan
 from elastic_hydra.records import RunSummary
-from elastic_hydra.schema import ElasticHydraConf
 
 BASE = "defaults:\n  - elastic_hydra_base\n  - _self_\nscript: x.py\n"
 
@@ -79,7 +79,7 @@ def test_the_upstream_messages_these_lines_are_made_from() -> None:
 # ------------------------------------------------------------- documented forms, values as typed
 def plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     """The plan a launch would run (plan.json), through the real command line, started nothing."""
-    from elastic_hydra import agent
+    from elastic_hydra.launch import wiring
 
     plans: list[LaunchPlan] = []
     with pytest.MonkeyPatch.context() as mp:
@@ -89,7 +89,7 @@ def plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) ->
             plans.append(plan)
             return 0, OK
 
-        mp.setattr(agent, "run", recording)
+        mp.setattr(wiring, "run", recording)
         with pytest.raises(SystemExit) as exit_info:
             main(list(args))
     assert exit_info.value.code == 0, capsys.readouterr().err

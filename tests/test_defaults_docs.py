@@ -12,7 +12,7 @@ import pytest
 from conftest import ELASTIC_HYDRA, REPO
 from launch import plan_of
 
-from elastic_hydra import schema
+from elastic_hydra.config import schema
 from elastic_hydra.plan import LaunchPlan
 
 START = (

@@ -16,11 +16,20 @@ from typing import Any
 
 import pytest
 
-from elastic_hydra.env import WorkerFiles, worker_env
+from elastic_hydra.agent.events import EventKind
+from elastic_hydra.agent.executor import Executor
+from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit
+from elastic_hydra.agent.restart_policy import backoff_delay
+from elastic_hydra.agent.seams import (
+    Change,
+    ChangeKind,
+    Exited,
+    JobFailures,
+    NodeAssignment,
+    Observer,
+)
+from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
 from elastic_hydra.errors import RendezvousError
-from elastic_hydra.events import EventKind
-from elastic_hydra.executor import Executor
-from elastic_hydra.outcome import RunOutcome, Status, WorkerExit
 from elastic_hydra.plan import (
     Action,
     Backoff,
@@ -34,10 +43,8 @@ from elastic_hydra.plan import (
     RestartWindow,
     Standalone,
 )
-from elastic_hydra.policy import backoff_delay
 from elastic_hydra.records import PeerFailure
 from elastic_hydra.rundir import RunDir
-from elastic_hydra.seams import Change, ChangeKind, Exited, JobFailures, NodeAssignment, Observer
 
 SIGTERM = int(signal.SIGTERM)
 SIGKILL = int(signal.SIGKILL)

@@ -2,7 +2,7 @@
 
 No GPU is needed: an 8-GPU machine (two NUMA nodes, GPUs 0-3 on node 0 and 4-7 on node 1) is
 faked three ways: an `nvidia-smi` script first on PATH, a sysfs tree under `tmp_path` (in-process,
-through `devices.SYSFS`), and a `pynvml` module on sys.path / PYTHONPATH. The `--plan` tests run
+through `probe.SYSFS`), and a `pynvml` module on sys.path / PYTHONPATH. The `--plan` tests run
 the real CLI in a subprocess; NUMA is unknown there (the real /sys has no such PCI devices).
 """
 
@@ -23,8 +23,8 @@ import pytest
 from conftest import ELASTIC_HYDRA
 from launch import launcher_env
 
-from elastic_hydra import devices
-from elastic_hydra.env import WorkerFiles, worker_env
+from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.gpus import (
     DevicePolicy,
@@ -39,8 +39,8 @@ from elastic_hydra.gpus import (
     split_evenly,
 )
 from elastic_hydra.plan import Endpoint, LaunchPlan, NodeRange, PythonScript, Standalone
-from elastic_hydra.resolve_gpus import Machine, resolve_devices, resolve_nproc
-from elastic_hydra.seams import NodeAssignment
+from elastic_hydra.resolve import machine as probe
+from elastic_hydra.resolve.gpus import Machine, resolve_devices, resolve_nproc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,7 +179,7 @@ def fake_smi(tmp_path: Path) -> FakeSmi:
 
 @pytest.fixture
 def fake_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A sysfs with the GPUs' PCI devices and the two NUMA nodes, as `devices.SYSFS`."""
+    """A sysfs with the GPUs' PCI devices and the two NUMA nodes, as `probe.SYSFS`."""
     root = tmp_path / "sys"
     for i in range(N_GPUS):
         device = root / "bus/pci/devices" / bus_id(i).lower()[-12:]
@@ -189,7 +189,7 @@ def fake_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         node_dir = root / f"devices/system/node/node{node}"
         node_dir.mkdir(parents=True)
         (node_dir / "cpulist").write_text(cpulist + "\n")
-    monkeypatch.setattr(devices, "SYSFS", root)
+    monkeypatch.setattr(probe, "SYSFS", root)
     return root
 
 
@@ -197,7 +197,7 @@ def fake_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def empty_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "empty_sys"
     root.mkdir()
-    monkeypatch.setattr(devices, "SYSFS", root)
+    monkeypatch.setattr(probe, "SYSFS", root)
     return root
 
 
@@ -276,21 +276,21 @@ def test_find_gpu_forms() -> None:
 def test_discovery_via_nvidia_smi_reads_numa_from_sysfs(
     fake_smi: FakeSmi, fake_sysfs: Path, no_nvml: None
 ) -> None:
-    assert devices.visible_gpus({"PATH": str(fake_smi.bin_dir)}) == GPUS
+    assert probe.visible_gpus({"PATH": str(fake_smi.bin_dir)}) == GPUS
     assert fake_smi.calls() == [" ".join(SMI_ARGS)]  # exactly the query, once
 
 
 def test_discovery_via_nvidia_smi_without_sysfs_has_unknown_numa(
     fake_smi: FakeSmi, empty_sysfs: Path, no_nvml: None
 ) -> None:
-    assert devices.visible_gpus({"PATH": str(fake_smi.bin_dir)}) == NO_NUMA
+    assert probe.visible_gpus({"PATH": str(fake_smi.bin_dir)}) == NO_NUMA
 
 
 def test_discovery_prefers_nvml_and_takes_numa_from_it(
     fake_smi: FakeSmi, fake_nvml: Path, empty_sysfs: Path
 ) -> None:
     """The sysfs is empty: the NUMA nodes can only come from NVML; nvidia-smi is never run."""
-    assert devices.visible_gpus({"PATH": str(fake_smi.bin_dir)}) == GPUS
+    assert probe.visible_gpus({"PATH": str(fake_smi.bin_dir)}) == GPUS
     assert fake_smi.calls() == []
     assert fake_pynvml_module()._initialized == 0, "nvmlShutdown must follow nvmlInit"
 
@@ -304,9 +304,9 @@ def test_nvml_without_numa_api_falls_back_to_sysfs(
         raise pynvml.NVMLError("Not Supported")
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetNumaNodeId", unsupported)
-    assert devices.visible_gpus({"PATH": str(no_gpu_bin)}) == GPUS
+    assert probe.visible_gpus({"PATH": str(no_gpu_bin)}) == GPUS
     monkeypatch.setattr(pynvml, "nvmlDeviceGetNumaNodeId", lambda handle: -1)
-    assert devices.visible_gpus({"PATH": str(no_gpu_bin)}) == GPUS
+    assert probe.visible_gpus({"PATH": str(no_gpu_bin)}) == GPUS
 
 
 def test_nvml_without_driver_falls_back_to_nvidia_smi(
@@ -318,7 +318,7 @@ def test_nvml_without_driver_falls_back_to_nvidia_smi(
         raise pynvml.NVMLError("Driver Not Loaded")
 
     monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
-    assert devices.visible_gpus({"PATH": str(fake_smi.bin_dir)}) == GPUS
+    assert probe.visible_gpus({"PATH": str(fake_smi.bin_dir)}) == GPUS
     assert len(fake_smi.calls()) == 1
 
 
@@ -349,17 +349,17 @@ def test_discovery_honours_cuda_visible_devices(
     environ = {"PATH": path}
     if visible is not None:
         environ["CUDA_VISIBLE_DEVICES"] = visible
-    found = devices.visible_gpus(environ)
+    found = probe.visible_gpus(environ)
     assert [g.index for g in found] == expected
     assert found == tuple(GPUS[i] for i in expected)  # NUMA nodes included
-    assert len(devices.visible_gpus(environ)) == len(expected)
+    assert len(probe.visible_gpus(environ)) == len(expected)
 
 
 def test_no_gpus_without_nvml_or_nvidia_smi(
     no_gpu_bin: Path, fake_sysfs: Path, no_nvml: None
 ) -> None:
-    assert devices.visible_gpus({"PATH": str(no_gpu_bin)}) == ()
-    assert devices.visible_gpus({"PATH": str(no_gpu_bin), "CUDA_VISIBLE_DEVICES": "0"}) == ()
+    assert probe.visible_gpus({"PATH": str(no_gpu_bin)}) == ()
+    assert probe.visible_gpus({"PATH": str(no_gpu_bin), "CUDA_VISIBLE_DEVICES": "0"}) == ()
 
 
 def test_failing_nvidia_smi_means_no_gpus(tmp_path: Path, fake_sysfs: Path, no_nvml: None) -> None:
@@ -368,7 +368,7 @@ def test_failing_nvidia_smi_means_no_gpus(tmp_path: Path, fake_sysfs: Path, no_n
     write_smi(
         bin_dir, log, 'echo "NVIDIA-SMI has failed because it couldn\'t communicate"\nexit 9\n'
     )
-    assert devices.visible_gpus({"PATH": str(bin_dir)}) == ()
+    assert probe.visible_gpus({"PATH": str(bin_dir)}) == ()
     assert log.read_text().splitlines() == [" ".join(SMI_ARGS)]
 
 
@@ -377,15 +377,15 @@ def test_nvidia_smi_odd_rows(tmp_path: Path, fake_sysfs: Path, no_nvml: None) ->
     bin_dir, log = tmp_path / "odd_bin", tmp_path / "odd.log"
     rows = f"0, {uuid(0)}, {GPU_NAME}, [N/A], {bus_id(0)}\nNo devices were found\n\n"
     write_smi(bin_dir, log, f"cat <<'ROWS'\n{rows}ROWS\n")
-    assert devices.visible_gpus({"PATH": str(bin_dir)}) == (
+    assert probe.visible_gpus({"PATH": str(bin_dir)}) == (
         dataclasses.replace(GPUS[0], memory_mib=None),
     )
 
 
 def test_node_cpus_from_sysfs(fake_sysfs: Path) -> None:
-    assert devices.node_cpus(0) == tuple(range(32))
-    assert devices.node_cpus(1) == tuple(range(32, 64))
-    assert devices.node_cpus(2) == ()
+    assert probe.node_cpus(0) == tuple(range(32))
+    assert probe.node_cpus(1) == tuple(range(32, 64))
+    assert probe.node_cpus(2) == ()
 
 
 # ---------------------------------------------------------------------- 3. resolution via --plan
@@ -562,7 +562,7 @@ def test_plan_with_nvml_shows_numa_nodes(plan_cli: Callable[..., Any], fake_nvml
 @pytest.fixture
 def machine(fake_sysfs: Path) -> Machine:
     """The fake 8-GPU, 64-CPU machine, its node CPUs read from the fake sysfs."""
-    return Machine(gpus=lambda: GPUS, cpus=lambda: tuple(range(64)), node_cpus=devices.node_cpus)
+    return Machine(gpus=lambda: GPUS, cpus=lambda: tuple(range(64)), node_cpus=probe.node_cpus)
 
 
 def resolved(machine: Machine, nproc: int, **keys: Any) -> tuple[WorkerDevices, ...]:

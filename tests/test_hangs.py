@@ -25,7 +25,7 @@ from launch import run, started
 from multinode import FAST, job
 from test_agent_real import read_events
 
-from elastic_hydra import hang_share, hangs
+from elastic_hydra.hangs import share, verdict
 from elastic_hydra.records import HangRank, HangRecord
 from elastic_hydra.tracebacks import parse_threads
 
@@ -55,7 +55,7 @@ Thread 4242 (idle): "MainThread"
 
 # ------------------------------------------------------------------------------------ pure
 def test_progress_is_a_stack_change_or_cpu_time() -> None:
-    p = hangs.RankProgress(last_progress=100.0)
+    p = verdict.RankProgress(last_progress=100.0)
     p.observe(now=101.0, stack_changed=None, cpu=5.0, ran=None)  # the first look: a baseline
     assert p.last_progress == 100.0
     p.observe(now=102.0, stack_changed=None, cpu=5.01, ran=None)  # 1% of a core: waiting
@@ -64,14 +64,14 @@ def test_progress_is_a_stack_change_or_cpu_time() -> None:
     assert p.last_progress == 102.5
     p.observe(now=104.0, stack_changed=102.5, cpu=5.9, ran=None)  # 88% of a core: computing
     assert p.last_progress == 104.0
-    assert hangs.idle_for([p, hangs.RankProgress(last_progress=90.0)], now=110.0) == 6.0
+    assert verdict.idle_for([p, verdict.RankProgress(last_progress=90.0)], now=110.0) == 6.0
 
 
 def test_a_gpu_ranks_cpu_time_counts_only_while_its_main_thread_runs_python() -> None:
     # Measured on an H100: a main thread blocked in `.item()` behind a 75 s kernel used a whole
     # core all along. A healthy loop's main thread also spends most of its time there, but runs
     # Python between its calls.
-    p = hangs.RankProgress(last_progress=100.0, gpu=True)
+    p = verdict.RankProgress(last_progress=100.0, gpu=True)
     p.observe(now=101.0, stack_changed=None, cpu=5.0, ran=100.9)
     p.observe(now=102.0, stack_changed=None, cpu=6.0, ran=101.5)  # a core, and Python ran
     assert p.last_progress == 102.0
@@ -87,7 +87,7 @@ def test_a_gpu_ranks_cpu_time_counts_only_while_its_main_thread_runs_python() ->
 def test_the_bootstrap_notes_when_the_main_thread_runs_python_and_not_in_a_c_call(
     tmp_path: Path,
 ) -> None:
-    from elastic_hydra import bootstrap
+    from elastic_hydra.workers import bootstrap
 
     progress, out = tmp_path / "progress", tmp_path / "out"
     env = {**os.environ, "ELASTIC_HYDRA_PROGRESS_FILE": str(progress),
@@ -106,23 +106,23 @@ def test_a_process_with_a_gpu_device_open_uses_a_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The driver's /dev/nvidia* files stand in as a file the child holds open.
-    from elastic_hydra import hang_watch
+    from elastic_hydra.hangs import watch
 
     device = tmp_path / "nvidia0"
     device.write_text("")
-    monkeypatch.setattr(hang_watch, "GPU_DEVICES", str(tmp_path / "nvidia"))
+    monkeypatch.setattr(watch, "GPU_DEVICES", str(tmp_path / "nvidia"))
     code = "import sys; f = open(sys.argv[1]); print('open', flush=True); sys.stdin.read()"
     with subprocess.Popen(
         [sys.executable, "-c", code, str(device)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     ) as holder:  # fmt: skip
         assert holder.stdout is not None and holder.stdout.readline() == "open\n"
-        assert hang_watch.uses_gpu(holder.pid)
-        assert not hang_watch.uses_gpu(os.getpid())
+        assert watch.uses_gpu(holder.pid)
+        assert not watch.uses_gpu(os.getpid())
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=10)
-    assert not hang_watch.uses_gpu(holder.pid)  # gone
+    assert not watch.uses_gpu(holder.pid)  # gone
 
 
 def test_a_faulthandler_dump_reads_as_threads() -> None:
@@ -130,14 +130,14 @@ def test_a_faulthandler_dump_reads_as_threads() -> None:
     assert [t.thread_id for t in threads] == [0x7F00000000AA, 0x7F0000000001]
     main = threads[1]
     assert [f.name for f in main.frames] == ["<module>", "step", "wrapper", "all_reduce"]
-    user, call = hangs.locate(main.frames)
+    user, call = verdict.locate(main.frames)
     assert user is not None and (user.filename, user.lineno) == ("/home/u/train.py", 42)
     assert call is not None
-    assert hangs.library_call(call) == "torch.distributed.distributed_c10d.all_reduce"
+    assert verdict.library_call(call) == "torch.distributed.distributed_c10d.all_reduce"
 
 
 def test_py_spy_output_reads_as_threads_main_first() -> None:
-    threads = hangs.parse_py_spy(PY_SPY)
+    threads = verdict.parse_py_spy(PY_SPY)
     assert [t.thread_id for t in threads] == [4242, 4250]
     assert [(f.filename, f.lineno) for f in threads[0].frames] == [
         ("train.py", 12),
@@ -153,7 +153,7 @@ def test_the_verdict_leads_with_the_odd_group_out() -> None:
     waiting = {"file": "/u/train.py", "line": 42, "call": "torch.distributed.all_reduce"}
     ranks = [rank(0, **waiting), rank(1, **waiting), rank(3, **waiting),
              rank(2, file="/u/data.py", line=88, code="time.sleep(60)")]  # fmt: skip
-    text, odd = hangs.verdict(ranks, 120.4)
+    text, odd = verdict.verdict(ranks, 120.4)
     assert odd == {2}
     assert text == (
         "hang after 120 s without progress: rank 2 at data.py:88 (time.sleep(60)) (stuck here); "
@@ -162,9 +162,11 @@ def test_the_verdict_leads_with_the_odd_group_out() -> None:
 
 
 def test_ranks_all_in_one_place_have_no_odd_one_and_states_are_named() -> None:
-    text, odd = hangs.verdict([rank(0, file="/u/t.py", line=3), rank(1, file="/u/t.py", line=3)], 5)
+    text, odd = verdict.verdict(
+        [rank(0, file="/u/t.py", line=3), rank(1, file="/u/t.py", line=3)], 5
+    )
     assert odd == frozenset() and "(stuck here)" not in text and "ranks 0,1 at t.py:3" in text
-    text, odd = hangs.verdict([rank(0, state="stopped"), rank(1, file="/u/t.py", line=3),
+    text, odd = verdict.verdict([rank(0, state="stopped"), rank(1, file="/u/t.py", line=3),
                                rank(2, file="/u/t.py", line=3)], 5)  # fmt: skip
     assert odd == {0} and text.endswith("rank 0 stopped (stuck here); ranks 1,2 at t.py:3")
 
@@ -324,9 +326,9 @@ def test_two_nodes_both_name_the_stuck_rank_on_the_other_node(tmp_path: Path) ->
         codes = j.finish(120)
     assert codes == [1, 1], j.explain()
     verdicts = [a.summary()["hang"]["verdict"] for a in j.agents]
-    for verdict in verdicts:
-        assert "rank 1 at hang_gloo.py:26 (time.sleep(seconds)) (stuck here)" in verdict, verdict
-        assert "rank 0 in torch.distributed.distributed_c10d.all_reduce" in verdict, verdict
+    for text in verdicts:
+        assert "rank 1 at hang_gloo.py:26 (time.sleep(seconds)) (stuck here)" in text, text
+        assert "rank 0 in torch.distributed.distributed_c10d.all_reduce" in text, text
     ranks = [[r["rank"] for r in a.summary()["hang"]["ranks"]] for a in j.agents]
     assert ranks == [[0, 1], [0, 1]]
 
@@ -361,7 +363,7 @@ def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
     other = json.dumps([rank(1, file="/u/data.py", line=88, code="time.sleep(60)").to_json()])
     store.set("elastic_hydra/r/hang/ranks/0/1/1", other)
     mine = hang_of(rank(0, file="/u/t.py", line=3, call="torch.distributed.all_reduce"))
-    shared = hang_share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
+    shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
                                    stopped=lambda: False)  # fmt: skip
     assert [r.rank for r in shared.ranks] == [0, 1] and [r.odd for r in shared.ranks] == [
         False,
@@ -374,7 +376,7 @@ def test_a_node_whose_ranks_do_not_read_is_named_as_missing() -> None:
     store = FlakyStore()
     store.set("elastic_hydra/r/hang/ranks/0/1/1", '[{"rank": "zero"}]')  # untrusted, malformed
     mine = hang_of(rank(0, file="/u/t.py", line=3))
-    shared = hang_share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
+    shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
                                    stopped=lambda: False)  # fmt: skip
     assert [r.rank for r in shared.ranks] == [0]
     assert shared.verdict.endswith("(1 node(s) did not say where their ranks are)")
@@ -425,15 +427,15 @@ def test_the_node_hosting_the_store_waits_until_the_other_has_read_its_ranks() -
     store = SharedStore()
     results: dict[int, HangRecord] = {}
 
-    def share(node: int) -> None:
+    def share_of(node: int) -> None:
         mine = hang_of(rank(node, file="/u/t.py", line=3 + node))
-        results[node] = hang_share.share_hang(store, "r", key="0/1", node=node, nodes=2,
+        results[node] = share.share_hang(store, "r", key="0/1", node=node, nodes=2,
                                               record=mine, stopped=lambda: False)  # fmt: skip
 
-    first = threading.Thread(target=share, args=(0,))
+    first = threading.Thread(target=share_of, args=(0,))
     first.start()
     assert store.checked.wait(10)  # node 0 looked once, too early
-    share(1)
+    share_of(1)
     store.dead = True  # node 1's agent ended, with the store
     first.join(20)
     assert [r.rank for r in results[0].ranks] == [0, 1], results[0].verdict
@@ -442,8 +444,8 @@ def test_the_node_hosting_the_store_waits_until_the_other_has_read_its_ranks() -
 
 def test_no_node_may_claim_progress_in_the_future() -> None:
     store = FlakyStore()
-    hang_share.publish_progress(store, "r", 0, 0, 100.0)
-    hang_share.publish_progress(store, "r", 0, 1, 1e12)  # forged
+    share.publish_progress(store, "r", 0, 0, 100.0)
+    share.publish_progress(store, "r", 0, 1, 1e12)  # forged
     store.set("elastic_hydra/r/hang/progress/0/2", "not a time")
-    assert hang_share.latest_progress(store, "r", 0, 3, now=200.0) == 200.0
-    assert hang_share.latest_progress(store, "r", 0, 1, now=200.0) == 100.0
+    assert share.latest_progress(store, "r", 0, 3, now=200.0) == 200.0
+    assert share.latest_progress(store, "r", 0, 1, now=200.0) == 100.0

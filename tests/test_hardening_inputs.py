@@ -230,7 +230,7 @@ def test_a_huge_worker_count_is_refused_before_any_fork(work: Path) -> None:
 
 def test_the_worker_count_is_checked_against_the_process_limit() -> None:
     from elastic_hydra.errors import ConfigError
-    from elastic_hydra.resolve import Host, _check_process_room
+    from elastic_hydra.resolve.resolver import Host, _check_process_room
 
     host = Host(cwd="/", environ={}, machine=None, process_room=lambda: 12)  # type: ignore[arg-type]
     _check_process_room(12, 12, host)

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
 
-from elastic_hydra import contain
 from elastic_hydra.errors import WorkerStartError
-from elastic_hydra.logpump import ConsoleSink
-from elastic_hydra.supervise import LocalWorkers, WorkerSpec
+from elastic_hydra.workers import contain
+from elastic_hydra.workers.console import ConsoleSink
+from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
 
 pytestmark = pytest.mark.timeout(180)
 TIMEOUT = 60

@@ -1,10 +1,11 @@
 """The layering of DESIGN.md section 3, checked rather than hoped for.
 
-ALLOWED is the table of internal imports: each module and the modules of the package it may
-import (lazy imports included). A new edge is a design decision: add it here, or move the code.
-Pure modules import no I/O and nothing heavy; hydra and omegaconf stay in the front end (hydra's
-internals in the boundary alone), rich in `render`, torch in the torch rendezvous adapter and the
-store server.
+FOLDERS is the design: which folder of the package may import which. Every folder may import the
+root (the shared words: errors, plan, records, tracebacks, ...); the root imports no folder. A new
+edge between folders is a design decision: add it here with its reason, or move the code.
+Beside the table: hydra and omegaconf stay in `config/` (hydra's internals in the boundary
+alone), rich in the two rendering modules, torch under `rendezvous/`; the pure modules do no I/O;
+the bootstrap runs on the standard library; and no module does work when it is imported.
 """
 
 from __future__ import annotations
@@ -18,132 +19,123 @@ from pathlib import Path
 from conftest import REPO
 
 PACKAGE = REPO / "elastic_hydra"
-FRONT = {"errors", "schema", "plan", "redact"}
-RUNTIME = {"errors", "events", "outcome", "plan", "records", "seams"}
-ALLOWED: dict[str, set[str]] = {
-    # entry and the front end: argv, Hydra, config errors, the job
-    "__main__": {"entry"},
-    "entry": {"cli", "rdzv_server", "stopsignals"},
-    "cli": FRONT | {"argv", "config_errors", "hydra_boundary", "job", "jobfile", "jobyaml",
-                    "records", "render", "rundir", "stacks", "stopsignals"},
-    "jobyaml": {"argv", "hydra_boundary", "redact"},  # a command as a job file (--plan)
-    "argv": {"errors", "schema", "torchrun_cli", "torchrun_rdzv"},
-    # torchrun's command line and PET_* variables, as our keys (pure)
-    "torchrun_cli": {"errors", "torchrun_logs", "torchrun_rdzv"},
-    "torchrun_logs": {"errors", "torchrun_rdzv"},
-    "torchrun_rdzv": {"errors"},
-    "hydra_boundary": {"argv", "errors", "schema", "slurm"},  # slurm: a Slurm step's run dir
-    "config_errors": {"errors", "jobfile", "schema"},
-    "jobfile": {"errors"},
-    "schema": set(),
-    "job": FRONT | {"agent", "argv", "hydra_boundary", "notices", "records", "render", "resolve",
-                    "rundir", "stopsignals"},
-    # resolution: the only place that validates configuration
-    "resolve": FRONT | {"config_errors", "devices", "resolve_entry", "resolve_gpus",
-                        "resolve_runtime", "resolve_topology"},
-    "resolve_entry": {"errors", "plan", "schema"},
-    "resolve_topology": {"errors", "plan", "resolve_runtime", "schema", "slurm"},
-    "resolve_runtime": {"errors", "plan", "schema"},
-    "resolve_gpus": {"errors", "gpus"},
-    "devices": {"gpus"},
-    # the agent: wiring, the loop and what implements its seams
-    "agent": RUNTIME | {"capture", "contain", "env", "executor", "hang_watch", "logpump",
-                        "notices", "redact", "render", "rendezvous", "rendezvous_torch", "rundir",
-                        "stopsignals", "summary", "supervise"},
-    "executor": {"errors", "events", "outcome", "plan", "policy", "records", "seams"},
-    "supervise": {"contain", "errors", "logpump", "rundir", "seams"},
-    "rendezvous": {"outcome", "plan", "seams"},
-    "rendezvous_torch": RUNTIME | {"hang_share", "job_store", "rendezvous", "store_records",
-                                   "torch_handler"},
-    "torch_handler": {"errors", "plan", "rendezvous"},
-    "hang_share": {"hangs", "records"},
-    "job_store": {"seams", "store_records"},
-    "rdzv_server": {"rendezvous", "stopsignals"},
-    "contain": {"env"},
-    "stopsignals": {"logpump"},
-    "capture": {"outcome", "records", "rundir", "tracebacks"},
-    "summary": {"outcome", "plan", "records", "tracebacks"},
-    "render": {"gpus", "hangs", "notices", "plan", "records", "redact", "tracebacks"},
-    "notices": {"events", "records"},
-    # the pool of a sweep (the Hydra side is the plugin, hydra_plugins.elastic_hydra_pool)
-    "pool": {"errors", "gpus", "records", "rundir", "stopsignals"},
-    "render_pool": {"pool", "records", "render", "tracebacks"},
-    "logpump": set(),
-    "rundir": set(),
-    "hang_watch": {"env", "hangs", "plan", "records", "rundir", "seams", "tracebacks"},
-    "stacks": {"errors", "hang_watch", "hangs", "records", "rundir", "tracebacks"},
-    "bootstrap": set(),  # runs inside the user's interpreter: the standard library only
-    # pure
-    "seams": {"events", "outcome", "plan", "records"},
-    "hangs": {"records", "tracebacks"},
-    "outcome": {"errors", "records", "tracebacks"},
-    "records": set(),
-    "env": {"plan", "seams"},
-    "plan": {"gpus"},
-    "policy": {"plan"},
-    "errors": set(),
-    "events": set(),
-    "tracebacks": set(),
-    "gpus": set(),
-    "slurm": set(),
-    "redact": set(),
-    "store_records": set(),
-    "__init__": set(),
+ROOT = "(root)"
+FOLDERS: dict[str, set[str]] = {
+    "cli": {"torchrun", "config", "launch", "hangs", "report",
+            "rendezvous"},  # `rdzv-server` runs the store server of rendezvous/
+    "torchrun": set(),
+    "config": set(),
+    "resolve": {"config"},
+    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report"},
+    "agent": set(),
+    "workers": {"agent"},
+    "rendezvous": {"hangs", "agent"},
+    "hangs": {"agent"},
+    "report": {"hangs", "agent", "resolve"},
+    "sweeps": {"report", "resolve"},
+    ROOT: set(),
 }  # fmt: skip
-PURE = [
-    "elastic_hydra." + name
-    for name in ("plan", "errors", "policy", "outcome", "records", "seams", "env", "events",
-                 "tracebacks", "gpus", "slurm", "redact", "store_records", "torchrun_cli",
-                 "torchrun_logs", "torchrun_rdzv")
-]  # fmt: skip
-# Pure means no I/O, no clock, no process state: none of these may be imported.
+# Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
+PURE_FOLDERS = ("agent", "torchrun")
+PURE_ROOT = ("plan", "errors", "records", "tracebacks", "gpus", "slurm", "redact")
+PURE_MORE = ("hangs.verdict", "rendezvous.sealed_records")
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
+# Third-party imports, by the folder or module that may make them.
 MAY_IMPORT = {
-    "hydra": {"argv", "cli", "config_errors", "hydra_boundary", "schema"},
-    "omegaconf": {"config_errors", "hydra_boundary", "job", "jobyaml", "resolve", "schema"},
-    "rich": {"render", "render_pool"},
-    "torch": {"rendezvous_torch", "rdzv_server", "torch_handler"},
+    "hydra": {"config"},
+    "omegaconf": {"config", "resolve.resolver", "launch.job", "cli.jobyaml"},
+    "rich": {"report.render", "sweeps.view"},
+    "torch": {"rendezvous"},
 }
 
 
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name under `elastic_hydra` (`agent.executor`)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).with_suffix("")
+        if rel.parts[0] != "conf":
+            found[".".join(rel.parts)] = path
+    return found
+
+
+def folder_of(module: str) -> str:
+    head = module.split(".", maxsplit=1)[0]
+    return head if (PACKAGE / head).is_dir() else ROOT
+
+
 def internal_imports(path: Path) -> set[str]:
-    """The package's modules a file imports (anywhere in it, lazy imports included)."""
+    """The package's modules a file imports (anywhere in it, lazy imports included), dotted."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module == "elastic_hydra":
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("elastic_hydra."):
-            found.add(str(node.module).split(".")[1])
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "elastic_hydra":
+                found |= {alias.name for alias in node.names}
+            elif node.module.startswith("elastic_hydra."):
+                name = node.module.removeprefix("elastic_hydra.")
+                if (PACKAGE / name).is_dir():  # `from elastic_hydra.agent import seams`
+                    found |= {f"{name}.{alias.name}" for alias in node.names}
+                else:
+                    found.add(name)
         elif isinstance(node, ast.Import):
             found |= {
-                a.name.split(".")[1] for a in node.names if a.name.startswith("elastic_hydra.")
+                a.name.removeprefix("elastic_hydra.")
+                for a in node.names
+                if a.name.startswith("elastic_hydra.")
             }
-    return found - {"conf"}
+    return {m for m in found if m.split(".")[0] != "conf"}
 
 
-def test_every_module_is_in_the_table() -> None:
-    assert {p.stem for p in PACKAGE.glob("*.py")} == set(ALLOWED)
+def folder_edges(path: Path, module: str) -> set[str]:
+    """The folders a module imports besides its own and the root."""
+    own = folder_of(module)
+    return {folder_of(m) for m in internal_imports(path)} - {own, ROOT}
 
 
-def test_internal_imports_follow_the_table() -> None:
+def test_every_folder_is_in_the_table_and_teaches_what_it_owns() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} - {"conf"}
+    assert folders | {ROOT} == set(FOLDERS)
+    for name in folders:
+        doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
+        assert doc and len(doc.splitlines()) >= 5, f"{name}/__init__.py needs a docstring"
+
+
+def test_imports_between_folders_follow_the_table() -> None:
     offenders = [
-        f"{path.stem} imports {sorted(extra)}"
-        for path in sorted(PACKAGE.glob("*.py"))
-        if (extra := internal_imports(path) - ALLOWED[path.stem])
+        f"{module} ({folder_of(module)}) imports {sorted(bad)}"
+        for module, path in modules().items()
+        if module != "__main__"  # `python -m elastic_hydra` is the console entry, cli.entry
+        if (bad := folder_edges(path, module) - FOLDERS[folder_of(module)])
     ]
     assert offenders == []
 
 
 def test_the_table_checker_sees_imports() -> None:
-    # Not vacuous: it finds the edges the modules do have.
-    assert {"hydra_boundary", "job", "argv"} <= internal_imports(PACKAGE / "cli.py")
-    assert "seams" in internal_imports(PACKAGE / "executor.py")
+    # Not vacuous: it finds the edges the modules do have, and would flag a wrong one.
+    found = modules()
+    assert folder_edges(found["cli.main"], "cli.main") >= {"config", "launch", "report"}
+    assert folder_edges(found["launch.wiring"], "launch.wiring") >= {"agent", "workers"}
+    assert folder_edges(found["launch.wiring"], "launch.wiring") - FOLDERS["agent"]
+    assert "agent.seams" in internal_imports(found["agent.executor"])
+
+
+def test_the_table_is_a_one_way_design() -> None:
+    # No cycle between folders: a folder never reaches back to one that imports it.
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in FOLDERS[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    assert [f for f in FOLDERS if f in reach(f)] == []
 
 
 def test_hydra_internals_are_imported_by_the_boundary_only() -> None:
-    users = {path.stem for path in PACKAGE.glob("*.py") if "hydra._internal" in path.read_text()}
-    assert users == {"hydra_boundary"}
+    users = {m for m, path in modules().items() if "hydra._internal" in path.read_text()}
+    assert users == {"config.boundary"}
 
 
 PLUGIN = REPO / "hydra_plugins" / "elastic_hydra_pool"
@@ -160,7 +152,7 @@ def test_the_pool_plugin_uses_hydras_public_api_and_imports_lightly() -> None:
 
 def test_the_executor_loads_no_process_machinery() -> None:
     # The loop is composed of seams: importing it starts no subprocess or ctypes machinery.
-    leaked = probe(["elastic_hydra.executor"], ("subprocess", "ctypes", "hydra", "omegaconf"))
+    leaked = probe(["elastic_hydra.agent.executor"], ("subprocess", "ctypes", "hydra", "omegaconf"))
     assert leaked == []
 
 
@@ -190,33 +182,44 @@ def probe(modules: list[str], heavy: tuple[str, ...]) -> list[str]:
     return list(result["leaked"])
 
 
+PURE = sorted(
+    m for m in modules() if folder_of(m) in PURE_FOLDERS or m in PURE_ROOT or m in PURE_MORE
+)
+
+
+def may_import(module: str, dependency: str) -> bool:
+    allowed = MAY_IMPORT[dependency]
+    return module in allowed or folder_of(module) in allowed
+
+
 def test_pure_modules_import_no_heavy_dependency() -> None:
-    leaked = probe(PURE, HEAVY)
+    leaked = probe(["elastic_hydra." + m for m in PURE], HEAVY)
     assert leaked == [], f"pure modules pulled in {leaked}"
 
 
 def test_pure_modules_do_no_io() -> None:
+    found = modules()
     offenders = []
     for module in PURE:
-        path = PACKAGE / (module.rsplit(".", 1)[1] + ".py")
-        if bad := internal_imports(path) - {m.rsplit(".", 1)[1] for m in PURE}:
-            offenders.append(f"{path.name} imports impure {sorted(bad)}")
+        path = found[module]
+        if bad := {m for m in internal_imports(path) if m in found} - set(PURE):
+            offenders.append(f"{module} imports impure {sorted(bad)}")
         tree = ast.parse(path.read_text(), filename=str(path))
         if bad := imported_roots(path) & IMPURE_STDLIB:
-            offenders.append(f"{path.name} imports {sorted(bad)}")
+            offenders.append(f"{module} imports {sorted(bad)}")
         calls = {
             n.func.id
             for n in ast.walk(tree)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
         }
         if bad_calls := calls & {"open", "print", "input"}:
-            offenders.append(f"{path.name} calls {sorted(bad_calls)}")
+            offenders.append(f"{module} calls {sorted(bad_calls)}")
     assert offenders == []
 
 
 def test_bootstrap_uses_the_standard_library_only() -> None:
     # It runs inside the user's interpreter, which need not have elastic-hydra installed.
-    roots = imported_roots(PACKAGE / "bootstrap.py")
+    roots = imported_roots(PACKAGE / "workers" / "bootstrap.py")
     assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
 
 
@@ -232,24 +235,72 @@ def imported_roots(path: Path) -> set[str]:
 
 
 def test_only_the_allowed_modules_import_hydra_omegaconf_rich_torch() -> None:
-    offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        roots = imported_roots(path)
-        for dependency, allowed in MAY_IMPORT.items():
-            if dependency in roots and path.stem not in allowed:
-                offenders.append(f"{path.relative_to(REPO)} imports {dependency}")
+    offenders = [
+        f"{module} imports {dependency}"
+        for module, path in modules().items()
+        for dependency in MAY_IMPORT
+        if dependency in imported_roots(path) and not may_import(module, dependency)
+    ]
     assert offenders == []
 
 
 def test_the_checker_sees_imports() -> None:
     # The static check must not pass vacuously: it finds the imports the allowed modules do have.
-    assert {"hydra", "omegaconf"} <= imported_roots(PACKAGE / "hydra_boundary.py")
-    assert "rich" in imported_roots(PACKAGE / "render.py")
-    assert "torch" in imported_roots(PACKAGE / "rendezvous_torch.py")
-    assert "torch" in imported_roots(PACKAGE / "torch_handler.py")
+    found = modules()
+    assert {"hydra", "omegaconf"} <= imported_roots(found["config.boundary"])
+    assert "rich" in imported_roots(found["report.render"])
+    assert "torch" in imported_roots(found["rendezvous.torch_backend"])
+    assert not may_import("agent.executor", "torch") and not may_import("cli.main", "rich")
+
+
+# The pool plugin is a front end of its own: Hydra calls it, it drives a sweep.
+PLUGIN_MAY = {"sweeps", "launch", "resolve", "report", ROOT}
+
+
+def test_the_pool_plugin_imports_follow_the_table() -> None:
+    offenders = [
+        f"{path.name} imports {module}"
+        for path in sorted(PLUGIN.glob("*.py"))
+        for module in internal_imports(path)
+        if folder_of(module) not in PLUGIN_MAY
+    ]
+    assert offenders == []
+    roots = set().union(*(imported_roots(p) for p in PLUGIN.glob("*.py")))
+    assert "torch" not in roots and "rich" not in roots
 
 
 def test_the_launch_path_loads_rich_only_for_reports() -> None:
     # rich costs about 0.1 s of every start: the CLI and the agent leave it to `render`, which
     # they import only for a failure report, a plan or a sweep table.
-    assert probe(["elastic_hydra.cli", "elastic_hydra.agent"], ("rich",)) == []
+    assert probe(["elastic_hydra.cli.main", "elastic_hydra.launch.wiring"], ("rich",)) == []
+
+
+SIDE_EFFECTS = """
+import ctypes, importlib, json, shutil, socket, sys
+import hydra, omegaconf, rich  # third-party imports may do what they like
+def refuse(*args, **kwargs):
+    raise AssertionError("called at import time")
+ctypes.CDLL = refuse
+shutil.which = refuse
+socket.gethostname = refuse
+failed = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+    except AssertionError as exc:
+        failed[name] = str(exc)
+print(json.dumps(failed))
+"""
+
+
+def test_no_module_does_work_when_imported() -> None:
+    # No ctypes.CDLL, shutil.which or gethostname at import: each would run in every process
+    # that imports the module (the pool plugin is imported by every Hydra start).
+    names = ["elastic_hydra." + m for m in modules() if m != "__main__"]
+    names.append("hydra_plugins.elastic_hydra_pool.pool_launcher")
+    proc = subprocess.run(
+        [sys.executable, "-c", SIDE_EFFECTS, json.dumps(names)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {}

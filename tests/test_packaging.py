@@ -69,7 +69,7 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path: Path) -> None:
     assert "hydra_plugins/__init__.py" not in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert (
-        "elastic-hydra = elastic_hydra.entry:main"
+        "elastic-hydra = elastic_hydra.cli.entry:main"
         in zipfile.ZipFile(wheel).read(entry_points).decode()
     )
 

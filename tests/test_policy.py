@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
+from elastic_hydra.agent.restart_policy import Decision, Failure, backoff_delay, decide
 from elastic_hydra.plan import Action, Backoff, RestartSpec, RestartWindow
-from elastic_hydra.policy import Decision, Failure, backoff_delay, decide
 
 RETRY, FAIL = Action.RETRY, Action.FAIL
 SIGKILL = int(signal.SIGKILL)

@@ -22,11 +22,11 @@ import pytest
 from conftest import ELASTIC_HYDRA, REPO, WORKERS
 from rich.console import Console
 
-from elastic_hydra import render
-from elastic_hydra.outcome import FailureDetail, RunOutcome, Status, WorkerExit, WorkerFailure
+from elastic_hydra.agent.outcome import FailureDetail, RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.plan import LaunchPlan, NodeRange, PythonScript, Standalone
 from elastic_hydra.records import RunSummary
-from elastic_hydra.summary import summarize
+from elastic_hydra.report import render
+from elastic_hydra.report.summary import summarize
 from elastic_hydra.tracebacks import Frame, Stack
 
 GOLDEN = Path(__file__).parent / "golden"

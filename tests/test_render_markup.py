@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.table import Table
 from test_render_golden import plan
 
-from elastic_hydra import render, render_pool
-from elastic_hydra.pool import JobRow, PoolJob, State
 from elastic_hydra.records import JobResult
+from elastic_hydra.report import render
+from elastic_hydra.sweeps import view
+from elastic_hydra.sweeps.pool import JobRow, PoolJob, State
 
 HOSTILE = "[/x] [bold]b[/bold] [link=file:///etc]l"
 
@@ -41,7 +42,7 @@ def test_sweep_and_pool_tables_show_overrides_and_messages_as_typed() -> None:
     assert f"+tag={HOSTILE}" in text_of(render.sweep_table([result])).replace("\n", "")
     job = PoolJob(number=0, overrides=(f"+tag={HOSTILE}",), run=lambda: 0, run_dir=Path("."))
     row = JobRow(job=job, state=State.FAILED, result=result)
-    shown = text_of(render_pool.pool_table([row], 0.0, lambda r: r.job.overrides[0], max_rows=5))
+    shown = text_of(view.pool_table([row], 0.0, lambda r: r.job.overrides[0], max_rows=5))
     assert f"+tag={HOSTILE}" in shown and f"exit 1: {HOSTILE}" in shown
 
 

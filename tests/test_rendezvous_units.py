@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 from test_executor import make_plan
 
-from elastic_hydra.job_store import (
+from elastic_hydra.agent.outcome import WorkerExit, root_cause
+from elastic_hydra.agent.seams import ChangeKind
+from elastic_hydra.records import (
+    FailureRecord,
+    PeerFailure,
+    RunSummary,
+    job_root_cause,
+    lost_a_peer,
+)
+from elastic_hydra.rendezvous.store_keys import (
     ASSIGNED_RANKS,
     NODE_FACTS,
     ROLE_INFO,
@@ -25,16 +34,7 @@ from elastic_hydra.job_store import (
     rank_table,
     read_facts,
 )
-from elastic_hydra.outcome import WorkerExit, root_cause
-from elastic_hydra.records import (
-    FailureRecord,
-    PeerFailure,
-    RunSummary,
-    job_root_cause,
-    lost_a_peer,
-)
-from elastic_hydra.rendezvous_torch import TorchRendezvous
-from elastic_hydra.seams import ChangeKind
+from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:

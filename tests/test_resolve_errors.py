@@ -1,7 +1,7 @@
 """The config pipeline: every user mistake is exit 2 and one clean line; good inputs resolve.
 
-The table calls `elastic_hydra.cli.main([... , "--plan"])` in-process, from a temporary directory
-holding a real `train.py`, exactly as a user's shell would.
+The table calls `elastic_hydra.cli.main.main([... , "--plan"])` in-process, from a temporary
+directory holding a real `train.py`, exactly as a user's shell would.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from launch import compose, plan_of
 
-from elastic_hydra.cli import main
+from elastic_hydra.cli.main import main
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.plan import Command, Dynamic, NodeRange, PythonScript, Standalone, Static
-from elastic_hydra.resolve import resolve_config
-from elastic_hydra.resolve_entry import BOOTSTRAP
+from elastic_hydra.resolve.entry import BOOTSTRAP
+from elastic_hydra.resolve.resolver import resolve_config
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "elastic-hydra: error: "
@@ -649,9 +649,9 @@ def test_torch_rendezvous_timeouts_are_whole_seconds(
 def test_resolution_asks_the_host_it_is_given() -> None:
     """Files and programs are the given host's: a script that exists only there resolves, a
     program missing from its PATH does not, whatever this machine has."""
-    from elastic_hydra.resolve import Host, resolve
-    from elastic_hydra.resolve_gpus import Machine
-    from elastic_hydra.schema import ElasticHydraConf
+    from elastic_hydra.config.schema import ElasticHydraConf
+    from elastic_hydra.resolve.gpus import Machine
+    from elastic_hydra.resolve.resolver import Host, resolve
 
     files = {"/job/train.py"}
     host = Host(

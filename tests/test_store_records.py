@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from multinode import FAST, job, rdzv_server
 
-from elastic_hydra.store_records import check, check_all, seal
+from elastic_hydra.rendezvous.sealed_records import check, check_all, seal
 
 SECRET = b"shared-by-the-agents"
 NODE = "127.0.0.1 (agent pid 4242)"

@@ -15,16 +15,17 @@ from typing import Any
 import pytest
 from launch import compose, plan_of
 
-from elastic_hydra import hydra_boundary
-from elastic_hydra.argv import Invocation, own_words, parse_argv
-from elastic_hydra.env import SIGNALS_TO_HANDLE
+from elastic_hydra.agent.worker_env import SIGNALS_TO_HANDLE
+from elastic_hydra.cli.argv import own_words, parse_argv
+from elastic_hydra.config import boundary
+from elastic_hydra.config.invocation import Invocation
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, PythonModule, Standalone, Static
 from elastic_hydra.stopsignals import STOP_SIGNALS
-from elastic_hydra.torchrun_cli import DEFAULT_SIGNALS, FLAGS
-from elastic_hydra.torchrun_logs import prefix_from_template
+from elastic_hydra.torchrun.flags import DEFAULT_SIGNALS, FLAGS
+from elastic_hydra.torchrun.logs import prefix_from_template
 
-FLAGS_OF_HYDRA = hydra_boundary.hydra_flags()
+FLAGS_OF_HYDRA = boundary.hydra_flags()
 
 
 def parse(*words: str, env: Mapping[str, str] | None = None) -> Invocation:

@@ -116,7 +116,7 @@ Current thread 0x00007f0000000002 (most recent call first):
   File "/job/crash.py", line 5 in crash
   File "/job/crash.py", line 9 in <module>
   File "<frozen runpy>", line 88 in _run_code
-  File "/site/elastic_hydra/bootstrap.py", line 57 in main
+  File "/site/elastic_hydra/workers/bootstrap.py", line 57 in main
 
 Extension modules: numpy.core._multiarray_umath (total: 1)
 """
@@ -205,8 +205,8 @@ def test_torchs_new_format_and_our_own_record() -> None:
 
 
 def test_lines_after_a_traceback_in_a_log_do_not_join_its_message(tmp_path: Path) -> None:
-    from elastic_hydra.capture import read_failure
-    from elastic_hydra.outcome import WorkerExit
+    from elastic_hydra.agent.outcome import WorkerExit
+    from elastic_hydra.report.failure_files import read_failure
     from elastic_hydra.rundir import RunDir
 
     run = RunDir(tmp_path)
@@ -235,8 +235,8 @@ def test_an_error_file_of_no_known_form_is_passed_over(
     tmp_path: Path, record: dict[str, object]
 ) -> None:
     # A worker may write anything to its error file; the stderr tail tells what happened.
-    from elastic_hydra.capture import read_failure
-    from elastic_hydra.outcome import WorkerExit
+    from elastic_hydra.agent.outcome import WorkerExit
+    from elastic_hydra.report.failure_files import read_failure
     from elastic_hydra.rundir import RunDir
 
     run = RunDir(tmp_path)

@@ -2,8 +2,8 @@
 
 Hydra finds this plugin in the `hydra_plugins` namespace package. Each job's config is composed
 here, as Hydra's basic launcher composes it, and the job runs with Hydra's `run_job` in a fork
-of this process. Slots, dispatch and stop signals are `elastic_hydra.pool`'s; the live view is
-`elastic_hydra.render_pool`'s.
+of this process. Slots, dispatch and stop signals are `elastic_hydra.sweeps.pool`'s; the live
+view is `elastic_hydra.sweeps.view`'s.
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan runs this module before it is in
@@ -24,7 +24,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 if TYPE_CHECKING:
-    from elastic_hydra import pool
+    from elastic_hydra.sweeps import pool
 
 
 @dataclass
@@ -70,9 +70,10 @@ class PoolLauncher(Launcher):
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
         # Imported here: Hydra imports every plugin module at each start, for any launcher.
-        from elastic_hydra import pool, render_pool, stopsignals
-        from elastic_hydra.job import SweepStopped
+        from elastic_hydra import stopsignals
+        from elastic_hydra.launch.job import SweepStopped
         from elastic_hydra.rundir import PRIVATE_DIR
+        from elastic_hydra.sweeps import pool, view
 
         assert self.config is not None
         setup_globals()
@@ -81,7 +82,7 @@ class PoolLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         sweep_dir.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
         jobs = [self._job(initial_job_idx + i, o, sweep_dir) for i, o in enumerate(job_overrides)]
-        with render_pool.view(jobs, slots, sweep_dir) as shown:
+        with view.view(jobs, slots, sweep_dir) as shown:
             outcome = pool.run_pool(
                 jobs, slots, view=shown, stagger=self.stagger, signum=stopsignals.pending_signal()
             )
@@ -92,12 +93,13 @@ class PoolLauncher(Launcher):
         return returns
 
     def _slots(self) -> "tuple[pool.Slot, ...]":
-        from elastic_hydra import devices, pool
+        from elastic_hydra.resolve import machine
+        from elastic_hydra.sweeps import pool
 
         return pool.plan_slots(
-            gpus=devices.visible_gpus(os.environ),
-            cpus=devices.allowed_cpus(),
-            node_cpus=devices.node_cpus,
+            gpus=machine.visible_gpus(os.environ),
+            cpus=machine.allowed_cpus(),
+            node_cpus=machine.node_cpus,
             slots=self.slots,
             gpus_per_job=self.gpus_per_job,
             cpus_per_job=self.cpus_per_job,
@@ -106,7 +108,7 @@ class PoolLauncher(Launcher):
     def _job(self, number: int, overrides: Sequence[str], sweep_dir: Path) -> "pool.PoolJob":
         """The job's config, composed as Hydra's basic launcher composes it, its run dir fixed
         here (one `${now:}` for the whole sweep)."""
-        from elastic_hydra import pool
+        from elastic_hydra.sweeps import pool
 
         assert self.hydra_context is not None and self.config is not None
         assert self.task_function is not None
@@ -140,7 +142,7 @@ class PoolLauncher(Launcher):
 
 
 def _save(path: Path, record: dict[str, object]) -> None:
-    from elastic_hydra.notices import warn
+    from elastic_hydra.report.notices import warn
     from elastic_hydra.rundir import write_private
 
     try:
@@ -152,7 +154,7 @@ def _save(path: Path, record: dict[str, object]) -> None:
 def _run_job(context: HydraContext, task: TaskFunction, config: DictConfig) -> int:
     """One job, in its forked process, as Hydra's basic launcher runs it: its exit code."""
     from elastic_hydra.errors import EXIT_BUG
-    from elastic_hydra.job import SweepStopped
+    from elastic_hydra.launch.job import SweepStopped
     from elastic_hydra.records import JobResult
 
     try:

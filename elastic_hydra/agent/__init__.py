@@ -1,0 +1,17 @@
+"""The agent loop and its contract. Pure: no I/O of its own.
+
+One node's agent runs the loop in `executor`: rendezvous -> start workers -> monitor -> restart
+policy -> finish. Everything it touches is a seam, so the loop runs the same against real
+processes (`launch.wiring`) and against fakes with a fake clock (the executor tests):
+
+- `seams`: the protocols the loop is composed of (process group, rendezvous, hang watch, clock,
+  observer) and the plain data they exchange.
+- `restart_policy`: after a failure, retry (after a delay) or stop, and the config key that
+  would change the answer.
+- `worker_env`: each worker's environment (torchrun's contract plus ours), a pure function of
+  the plan, the rendezvous result and the attempt.
+- `events`: the run's timeline, one typed record per event.
+- `outcome`: what happened to the workers and to the whole run.
+
+Imports: the root only. Implementations live in workers, rendezvous and hangs, which import this.
+"""

@@ -1,0 +1,140 @@
+"""The seams of the agent loop: what the executor asks of the world, as protocols and plain data.
+
+The executor depends on these and nothing else of the runtime; `rendezvous`, `rendezvous_torch`
+and `supervise` implement them, the agent wires them, and tests drive the executor with fakes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from elastic_hydra.agent.events import EventKind
+from elastic_hydra.agent.outcome import Status, WorkerExit
+from elastic_hydra.plan import Endpoint
+from elastic_hydra.records import HangRecord, PeerFailure
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeAssignment:
+    """This node's place in the job, from the rendezvous."""
+
+    group_rank: int  # node rank
+    group_world_size: int  # number of nodes
+    base_rank: int  # global rank of local rank 0
+    world_size: int
+    role_base_rank: int
+    role_world_size: int
+    master: Endpoint
+    use_agent_store: bool = False
+
+
+class ChangeKind(enum.Enum):
+    JOINED = "joined"  # a node waits to join: re-rendezvous, no restart spent
+    LEFT = "left"  # a node stopped heartbeating: re-rendezvous if enough nodes remain
+    CLOSED = "closed"  # another node ended the job
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """A membership change seen while the workers run."""
+
+    kind: ChangeKind
+    reason: str
+    nodes: int = 0  # nodes still in the job (LEFT)
+    peers: tuple[PeerFailure, ...] = ()  # torchrun nodes that restarted their workers or left
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exited:
+    """A worker process that ended, as the worker group saw it."""
+
+    local_rank: int
+    pid: int
+    returncode: int
+    wall_time: float
+    mono_time: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFailures:
+    """Every node's failure records the rendezvous holds that passed the checks, and how many
+    did not (malformed, unsigned, or from no node of this job)."""
+
+    records: tuple[dict[str, Any], ...] = ()
+    ignored: int = 0
+    last_round: int | None = None  # the round this node ended in; None: no rounds (one node)
+
+
+class StopRequest(Protocol):
+    """Whether a signal asked the agent to stop (set by the agent's signal handlers)."""
+
+    @property
+    def signum(self) -> int | None:
+        """The signal that asked the agent to stop, or None."""
+
+
+class Observer(Protocol):
+    def emit(self, kind: EventKind, **data: Any) -> None: ...
+
+
+class Rendezvous(Protocol):
+    def next_round(self) -> NodeAssignment:
+        """Join the next round; blocks until it completes. Raises RendezvousError."""
+
+    def poll(self) -> Change | None:
+        """A membership change since the round completed, or None. Raises RendezvousError."""
+
+    def publish_failure(self, exit: WorkerExit) -> None:
+        """Tell the other nodes about a real worker failure on this one (job-wide root cause)."""
+
+    def end(self, status: Status, observer: Observer) -> JobFailures:
+        """The job ended here with `status`: after success wait for the other nodes, after a
+        failure close the job (a node stopped by a signal leaves it running); then every
+        node's failure records."""
+
+    def close(self) -> None: ...
+
+
+class WorkerGroup(Protocol):
+    paused: list[int]  # local ranks found stopped (SIGSTOP) when the group was stopped
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    def running(self) -> list[int]: ...
+
+    def wait(self, timeout: float | None) -> list[Exited]: ...
+
+    def stop(self, sig: int, grace: float) -> tuple[list[Exited], list[int]]: ...
+
+    def close(self) -> None: ...
+
+
+class HangWatch(Protocol):
+    """Watches an attempt's workers for progress (hang.timeout)."""
+
+    def start(self, pids: list[int], node: NodeAssignment, attempt: int) -> None:
+        """Watch a new attempt's workers (pids by local rank)."""
+
+    def check(self, running: list[int]) -> HangRecord | None:
+        """The hang found now, every rank's stack saved first; None while a rank progresses,
+        and after a hang until progress resumes."""
+
+
+class WorkerGroupFactory(Protocol):
+    def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> WorkerGroup:
+        """Start the workers of one attempt (the n-th start of the group, from 0), after
+        `restart_count` restarts for failures."""
+
+
+class Clock(Protocol):
+    def wall(self) -> float: ...
+
+    def mono(self) -> float: ...
+
+    def random(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, returning early when a stop is requested."""

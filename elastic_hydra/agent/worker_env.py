@@ -1,0 +1,105 @@
+"""Each worker's environment: a pure function of the plan, the rendezvous result and the attempt.
+
+Compatible with torchrun's contract (the variables below), plus our own ELASTIC_HYDRA_* ones. An
+attempt is one start of the worker group, after a failure or a membership change alike: the n of
+ELASTIC_HYDRA_ATTEMPT is the n of the attempt_<n>/ directory the worker logs to. Restarts for
+failures alone are counted by TORCHELASTIC_RESTART_COUNT, as torchrun counts them.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.plan import LaunchPlan
+
+RUN_DIR = "ELASTIC_HYDRA_RUN_DIR"
+ATTEMPT = "ELASTIC_HYDRA_ATTEMPT"
+PLAN_PATH = "ELASTIC_HYDRA_PLAN"
+CONFIG_PATH = "ELASTIC_HYDRA_CONFIG"
+FAULT_FILE = "ELASTIC_HYDRA_FAULT_FILE"  # where the bootstrap's faulthandler writes a crash
+# The bootstrap's own (it takes them out of the script's environment): where it dumps every
+# thread's stack on DUMP_SIGNAL, and where it notes each change of its main thread's stack.
+STACKS_FILE = "ELASTIC_HYDRA_STACKS_FILE"
+STACKS_SIGNAL = "ELASTIC_HYDRA_STACKS_SIGNAL"
+PROGRESS_FILE = "ELASTIC_HYDRA_PROGRESS_FILE"
+PROGRESS_EVERY = "ELASTIC_HYDRA_PROGRESS_EVERY"
+# A real-time signal: no library uses it (SIGUSR1/2 are taken by Lightning, submitit...).
+DUMP_SIGNAL = int(signal.SIGRTMIN) + 4
+
+# The signals the agent handles (stopsignals.STOP_SIGNALS), as torchrun names them in the variable
+# its agent sets and its workers inherit (torch's process contexts in a worker read it).
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+# Never inherited from the launcher's environment: a surrounding torchrun's signal list is not
+# ours; the rendezvous secret signs the agents' records and workers never need it.
+_AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "ELASTIC_HYDRA_RDZV_SECRET")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerFiles:
+    run_dir: str
+    plan_path: str
+    config_path: str
+    error_file: str
+    fault_file: str
+    stacks_file: str = ""
+    progress_file: str = ""
+
+
+def worker_env(
+    plan: LaunchPlan,
+    base: Mapping[str, str],
+    node: NodeAssignment,
+    *,
+    local_rank: int,
+    attempt: int,
+    restart_count: int,
+    files: WorkerFiles,
+) -> dict[str, str]:
+    """The complete environment of one worker (base = the agent's environment at start)."""
+    env = {k: v for k, v in base.items() if k not in _AGENT_ONLY}
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.update(plan.env)
+    devices = plan.devices[local_rank] if plan.devices else None
+    if "OMP_NUM_THREADS" not in env:
+        # As many threads as the worker's CPUs when it is bound; else torchrun's rule (one
+        # thread each when several workers share the machine).
+        if devices is not None and devices.cpus:
+            env["OMP_NUM_THREADS"] = str(len(devices.cpus))
+        elif plan.nproc_per_node > 1:
+            env["OMP_NUM_THREADS"] = "1"
+    if devices is not None and devices.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices.cuda_visible_devices
+    env.update(
+        {
+            "LOCAL_RANK": str(local_rank),
+            "RANK": str(node.base_rank + local_rank),
+            "GROUP_RANK": str(node.group_rank),
+            "ROLE_RANK": str(node.role_base_rank + local_rank),
+            "ROLE_NAME": plan.role,
+            "LOCAL_WORLD_SIZE": str(plan.nproc_per_node),
+            "WORLD_SIZE": str(node.world_size),
+            "GROUP_WORLD_SIZE": str(node.group_world_size),
+            "ROLE_WORLD_SIZE": str(node.role_world_size),
+            "MASTER_ADDR": node.master.host,
+            "MASTER_PORT": str(node.master.port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(plan.restart.max_restarts),
+            "TORCHELASTIC_RUN_ID": plan.run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": str(node.use_agent_store),
+            "TORCHELASTIC_ERROR_FILE": files.error_file,
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,
+            RUN_DIR: files.run_dir,
+            ATTEMPT: str(attempt),
+            PLAN_PATH: files.plan_path,
+            CONFIG_PATH: files.config_path,
+            FAULT_FILE: files.fault_file,
+        }
+    )
+    if plan.entrypoint_bootstrapped and files.stacks_file:
+        env.update({STACKS_FILE: files.stacks_file, STACKS_SIGNAL: str(DUMP_SIGNAL)})
+    if plan.entrypoint_bootstrapped and files.progress_file and plan.hang.timeout is not None:
+        env.update({PROGRESS_FILE: files.progress_file, PROGRESS_EVERY: f"{plan.hang.sample:g}"})
+    return env

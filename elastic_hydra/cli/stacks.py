@@ -1,0 +1,110 @@
+"""`elastic-hydra stacks [RUN_DIR]`: where a running job's ranks on this node are, right now.
+
+The run's latest attempt and its worker pids come from its events.jsonl; each rank is asked for
+its stacks as the hang watch asks (DUMP_SIGNAL: faulthandler answers from C, and the rank goes
+on as before). The ranks are printed grouped by place, the odd group first, each group with one
+rank's main-thread stack. Without a directory: the latest run under ./eh_logs that is still
+running (it has no summary.json yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+
+from elastic_hydra.errors import ConfigError
+from elastic_hydra.hangs import verdict
+from elastic_hydra.hangs.watch import Workers, dump_ranks
+from elastic_hydra.records import HangRank
+from elastic_hydra.rundir import RunDir
+
+USAGE = """usage: elastic-hydra stacks [RUN_DIR]
+
+Every rank's stack on this node, grouped by where the ranks are, without stopping them.
+Without a directory: the latest run under ./eh_logs that is still running."""
+
+
+def main(args: Sequence[str]) -> int:
+    """Print the grouped stacks; 1 when no rank could be asked."""
+    if list(args) in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if len(args) > 1:
+        raise ConfigError("stacks", "takes one run dir", " ".join(args), USAGE.splitlines()[0])
+    run = RunDir(Path(args[0]) if args else running_run(Path("eh_logs")))
+    workers = live_workers(run)
+    alive = [lr for lr, pid in enumerate(workers.pids) if _alive(pid)]
+    if not alive:
+        print(f"elastic-hydra stacks: no worker of {run.root} is running")
+        return 1
+    ranks = dump_ranks(workers, alive)
+    print(f"elastic-hydra stacks: {run.root}, attempt {workers.attempt}, {len(alive)} rank(s)")
+    for where, members in verdict.groups([r for r in ranks if r.state != "exited"]):
+        print(f"\n{verdict.who(members)} {where}")
+        print(_stack_text(members[0]))
+    return 0
+
+
+def running_run(root: Path) -> Path:
+    """The run dir under `root` whose events were written last, among runs still running."""
+    live = [
+        p.parent for p in root.rglob("events.jsonl") if not (p.parent / "summary.json").exists()
+    ]
+    if not live:
+        raise ConfigError(
+            "stacks", "no running job", str(root), "expected elastic-hydra stacks RUN_DIR"
+        )
+    return max(live, key=lambda d: (d / "events.jsonl").stat().st_mtime)
+
+
+def live_workers(run: RunDir) -> Workers:
+    """The latest attempt's workers, from events.jsonl; global ranks from their environment."""
+    started: dict[str, object] | None = None
+    with contextlib.suppress(OSError):
+        for line in run.events.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("event") == "workers_started":
+                    started = event
+    if started is None:
+        raise ConfigError(
+            "stacks", "no workers started in this run", str(run.root), "expected a running job"
+        )
+    pids = tuple(int(p) for p in started["pids"])  # type: ignore[attr-defined]
+    attempt = int(started["attempt"])  # type: ignore[call-overload]
+    return Workers(
+        run=run,
+        attempt=attempt,
+        pids=pids,
+        ranks=tuple(_rank(pid, lr) for lr, pid in enumerate(pids)),
+        host=socket.gethostname(),
+    )
+
+
+def _rank(pid: int, local_rank: int) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if item.startswith(b"RANK="):
+                return int(item[5:])
+    return local_rank
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stack_text(rank: HangRank) -> str:
+    lines = verdict.main_stack_lines(rank)
+    if lines is None:
+        return f"  (rank {rank.rank}: {rank.state.replace('_', ' ')})"
+    return "\n".join(lines)

@@ -1,0 +1,385 @@
+"""The Hydra boundary: the one module that drives Hydra (and the only importer of its internals).
+
+Every path composes a job here, on one search path (elastic-hydra's presets, then the job file's
+directory, then the job's own `hydra.searchpath`): `--plan`, a launch, each job of a sweep and the
+tests. A plain launch composes once and runs Hydra's job runner itself; sweeps and Hydra's own
+flags (`--cfg`, `--help`, `--info`, shell completion) go through Hydra's dispatcher with the same
+search path. Hydra's errors reach the caller as exceptions (no multi-line report, no exit 1): the
+patch that does it lasts only while Hydra runs.
+
+hydra-core's internals are used only within the supported range; outside it, everything goes
+through the public `hydra.main` (two compositions per launch, the same results).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import hydra
+from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
+from hydra.types import HydraContext, RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from elastic_hydra import slurm
+from elastic_hydra.config import schema
+from elastic_hydra.config.invocation import HydraFlags, Invocation, escape_interpolation
+from elastic_hydra.config.schema import CONF_MODULE
+from elastic_hydra.errors import ConfigError
+
+CONF_PATH = "pkg://" + CONF_MODULE
+# The hydra-core releases whose internals (below) this module was written and tested against.
+SUPPORTED = ((1, 3, 2), (1, 4))  # [oldest, first unsupported)
+
+
+def internals_supported(version: str = hydra.__version__) -> bool:
+    """Whether `version` of hydra-core is one whose internals we may use."""
+    numbers = []
+    for part in version.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit()) or "0"
+        numbers.append(int(digits))
+    return SUPPORTED[0] <= tuple(numbers) < SUPPORTED[1]
+
+
+def hydra_version() -> str:
+    """The installed hydra-core's version."""
+    return str(hydra.__version__)
+
+
+def register() -> None:
+    """The schema and our resolvers; idempotent, called before any composition."""
+    schema.register()
+    OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("eh.launch", _launch_name, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("eh.root", _logs_root, replace=True)
+    OmegaConf.register_new_resolver("eh.keys", schema.keys_text, replace=True)  # for --help
+    _plugins_listable()
+
+
+def _plugins_listable() -> None:
+    """Let Hydra's plugin scan find our pool launcher under an editable install too.
+
+    Hydra lists the directories of the `hydra_plugins` namespace (pkgutil); a PEP 660 editable
+    install maps `hydra_plugins.elastic_hydra_pool` through an import hook that cannot be
+    listed, so the plugin's own directory joins the namespace's path (hydra#3252).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("hydra_plugins.elastic_hydra_pool")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    import hydra_plugins
+
+    home = str(Path(next(iter(spec.submodule_search_locations))).parent)
+    if home not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(home)
+
+
+def _logs_root(root: object) -> str:
+    """logs.root as the start of a run or sweep dir: an empty one would put them into /."""
+    if not str(root).strip():
+        raise ConfigError(
+            "logs.root", "is empty", str(root), "expected a directory, e.g. logs.root=eh_logs"
+        )
+    return str(root)
+
+
+def _launch_name() -> str:
+    """A plain run's directory under logs.root: `DATE/TIME_HOST`, unique per launch; inside a
+    Slurm step `slurm/JOBID.STEPID`, the same on every node (each writes in its own subdir)."""
+    step = slurm.step_dir_name(os.environ)
+    if step is not None:
+        return f"slurm/{step}"
+    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f") + f"_{socket.gethostname()}"
+
+
+def hydra_flags() -> HydraFlags:
+    """Hydra's own flags: how many values each takes, and its choices (from Hydra's parser)."""
+    from hydra._internal.utils import get_args_parser
+
+    flags: dict[str, tuple[str | int | None, Any]] = {}
+    for action in get_args_parser()._actions:
+        takes = 0 if action.nargs == 0 else action.nargs
+        for opt in action.option_strings:
+            flags[opt] = (takes, action.choices)
+    return flags
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobContext:
+    """What one job of a launch knows besides its config.
+
+    Attributes:
+        run_dir: the job's run dir (made by Hydra's launcher for a sweep, not yet for a run).
+        overrides: the job's overrides, then `--` and the script's args if there were any.
+        swept: one job of a sweep (`-m`, or a job that sets `hydra.mode: MULTIRUN`).
+        hydra_cfg: the `hydra` node, unresolved, as `.hydra/hydra.yaml` holds it.
+    """
+
+    run_dir: Path
+    overrides: list[str]
+    swept: bool
+    hydra_cfg: dict[str, Any]
+
+
+class JobRunner(Protocol):
+    """What runs the jobs Hydra composes (see `job.JobRunner`)."""
+
+    def prepare(self, cfg: DictConfig, ctx: JobContext) -> Any:
+        """Check a plain run and make its run dir, before Hydra's job runner writes anything."""
+
+    def __call__(self, cfg: DictConfig, ctx: JobContext, prepared: Any) -> Any:
+        """Run one job; `prepared` is `prepare`'s value, or None for a sweep's job. What it
+        returns reaches the submitting side in Hydra's JobReturn (see `run`)."""
+
+
+def compose(inv: Invocation) -> tuple[DictConfig, JobContext]:
+    """The job's config and context exactly as a launch gets them, creating nothing.
+
+    Raises:
+        HydraException, OmegaConfBaseException: the job does not compose.
+    """
+    register()
+    app = _app(inv.job_dir)
+    try:
+        with _errors_raised():
+            cfg = _compose(app, inv, logging=False)
+        return _job_view(cfg, inv)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def run(inv: Invocation, runner: JobRunner) -> list[Any]:
+    """Run the command: one launch, a sweep, or one of Hydra's own flags.
+
+    Returns what a sweep's jobs returned, as Hydra's launcher brought it back: from the jobs
+    that ran elsewhere (a Slurm node, a pool process), this is the only way home.
+    """
+    register()
+    if not internals_supported():
+        _via_hydra_main(inv, runner)
+        return []
+    with _errors_raised():
+        if inv.only_job_flags and not inv.multirun and _ran_once(inv, runner):
+            return []
+        from hydra._internal.utils import _run_hydra, get_args_parser
+
+        parser = get_args_parser()
+        with _sweep_returns() as returns:
+            _run_hydra(
+                args=parser.parse_args(inv.hydra_argv),
+                args_parser=parser,
+                task_function=HydraTask(inv, runner),
+                config_path=CONF_PATH,
+                config_name=inv.config_name,
+            )
+        return returns
+
+
+@contextlib.contextmanager
+def _sweep_returns() -> Iterator[list[Any]]:
+    """The return values of the jobs of a sweep run meanwhile.
+
+    Hydra's main drops what `Hydra.multirun` returns (the sweeper's JobReturns), so it is
+    caught on the way out. Jobs that failed inside Hydra (an exception, not an exit code) stop
+    the sweep before it returns anything.
+    """
+    from hydra._internal.hydra import Hydra
+    from hydra.core.utils import JobReturn, JobStatus
+
+    returns: list[Any] = []
+    multirun = Hydra.multirun
+
+    def collect(node: object) -> None:
+        if isinstance(node, JobReturn):
+            if node.status == JobStatus.COMPLETED:
+                returns.append(node.return_value)
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                collect(item)
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ret = multirun(self, *args, **kwargs)
+        collect(ret)
+        return ret
+
+    Hydra.multirun = recording  # type: ignore[method-assign]
+    try:
+        yield returns
+    finally:
+        Hydra.multirun = multirun  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------------------- composition
+def search_path(job_dir: Path | None) -> ConfigSearchPath:
+    """Hydra's search path for our presets plus the job's directory, as `--config-dir` adds it."""
+    from hydra._internal.utils import create_config_search_path
+
+    path = create_config_search_path(CONF_PATH)
+    if job_dir is not None:
+        path.prepend(
+            provider="command-line",
+            path=f"file://{job_dir}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    return path
+
+
+def _app(job_dir: Path | None) -> Any:
+    from hydra._internal.hydra import Hydra
+
+    path = search_path(job_dir)
+    return Hydra.create_main_hydra2(task_name="elastic-hydra", config_search_path=path)
+
+
+def _compose(app: Any, inv: Invocation, *, logging: bool) -> DictConfig:
+    cfg: DictConfig = app.compose_config(
+        inv.config_name, list(inv.overrides), RunMode.RUN, with_log_configuration=logging
+    )
+    if cfg.hydra.mode is None:
+        cfg.hydra.mode = RunMode.RUN
+        cfg.hydra.overrides.hydra.append("hydra.mode=RUN")  # as Hydra's main records it
+    return cfg
+
+
+def _job_view(cfg: DictConfig, inv: Invocation) -> tuple[DictConfig, JobContext]:
+    """Split a composed config into the job's config and its context, as Hydra's job runner does.
+
+    The run dir is computed (not created) from `hydra.run.dir`, with ${hydra:...} set up for it.
+    """
+    run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
+    with open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = run_dir
+    HydraConfig.instance().set_config(cfg)
+    task_cfg = copy.deepcopy(cfg)
+    with open_dict(task_cfg):
+        del task_cfg["hydra"]
+    return _with_script_args(task_cfg, inv), _context(cfg.hydra, inv, Path(run_dir))
+
+
+def _context(hc: Any, inv: Invocation, run_dir: Path) -> JobContext:
+    overrides = [str(o) for o in hc.overrides.task]
+    if inv.script_args is not None:
+        overrides += ["--", *inv.script_args]
+    return JobContext(
+        run_dir=run_dir,
+        overrides=overrides,
+        swept=hc.mode == RunMode.MULTIRUN,
+        hydra_cfg=OmegaConf.to_container(hc, resolve=False),  # type: ignore[arg-type]
+    )
+
+
+def _with_script_args(cfg: DictConfig, inv: Invocation) -> DictConfig:
+    """The words after `--` go after the job's own `args`, byte for byte (never interpolated)."""
+    if inv.script_args:
+        with open_dict(cfg):
+            cfg.args = [*cfg.get("args", []), *map(escape_interpolation, inv.script_args)]
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------- runs
+def _ran_once(inv: Invocation, runner: JobRunner) -> bool:
+    """A plain launch with a single composition (Hydra's main composes twice: once only to read
+    `hydra.mode`). The job is checked and its run dir made before Hydra's job runner starts, so
+    bad input creates nothing. False for a job that sets `hydra.mode: MULTIRUN` and when the
+    composition fails: Hydra's dispatcher then decides, and reports exactly as it always does."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import run_job
+
+    app = _app(inv.job_dir)
+    try:
+        try:
+            cfg = _compose(app, inv, logging=True)
+        except ConfigCompositionException:
+            return False  # e.g. sweep values in a job that sets MULTIRUN: Hydra's main decides
+        if cfg.hydra.mode == RunMode.MULTIRUN:
+            return False
+        task_cfg, ctx = _job_view(cfg, inv)
+        prepared = runner.prepare(task_cfg, ctx)
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=inv.config_name)
+        ret = run_job(
+            hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+            task_function=lambda _cfg: runner(task_cfg, ctx, prepared),
+            config=cfg,
+            job_dir_key="hydra.run.dir",
+            job_subdir_key=None,
+        )
+        callbacks.on_run_end(config=cfg, config_name=inv.config_name, job_return=ret)
+        _ = ret.return_value  # raises the task's exception, as Hydra.run does
+    finally:
+        GlobalHydra.instance().clear()
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class HydraTask:
+    """The task function Hydra's launchers call, once per job of a sweep.
+
+    A plain picklable object, so launchers that run jobs in other processes (the pool, submitit)
+    carry it there with the standard pickle.
+    """
+
+    inv: Invocation
+    runner: JobRunner
+
+    def __call__(self, cfg: DictConfig) -> Any:
+        hc = HydraConfig.get()
+        ctx = _context(hc, self.inv, Path(hc.runtime.output_dir))
+        return self.runner(_with_script_args(cfg, self.inv), ctx, None)
+
+
+def _via_hydra_main(inv: Invocation, runner: JobRunner) -> None:
+    """Outside the supported hydra-core range: the public entry point, argv swapped meanwhile."""
+    job = HydraTask(inv, runner)
+
+    def elastic_hydra_job(cfg: DictConfig) -> Any:  # hydra.main inspects a function's source
+        return job(cfg)
+
+    task = hydra.main(version_base="1.3", config_path=CONF_PATH, config_name="config")(
+        elastic_hydra_job
+    )
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "elastic-hydra", *inv.hydra_argv]
+    try:
+        with _errors_raised():
+            task()
+    finally:
+        sys.argv = saved
+
+
+@contextlib.contextmanager
+def _errors_raised() -> Iterator[None]:
+    """Let Hydra's exceptions reach our `main` (one line, exit 2) instead of Hydra's report.
+
+    Hydra's dispatcher looks `run_and_report` up at call time; a hydra-core without it (outside
+    the supported range) reports in its own way.
+    """
+    try:
+        from hydra._internal import utils
+    except ImportError:
+        utils = None  # type: ignore[assignment]
+    saved = getattr(utils, "run_and_report", None)
+    if saved is None:
+        yield
+        return
+    setattr(utils, "run_and_report", _call)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(utils, "run_and_report", saved)  # noqa: B010
+
+
+def _call(func: Callable[[], Any]) -> Any:
+    return func()

@@ -1,0 +1,166 @@
+"""Hangs as data: when a job counts as hung, where each rank is, and the one-line verdict.
+
+Pure. Progress is what the agent observes of each rank (`RankProgress`): the last time its
+bootstrap saw the main thread's Python stack change, and the CPU time its process used. A rank
+blocked in a collective, a lock, `sleep` or a read shows neither; a rank computing, in Python or
+in a long C call, shows CPU time. On a rank that uses a GPU, CPU time counts only if its main
+thread also ran Python code since the last look: a host thread waiting for the GPU (`.item()`,
+`synchronize`, behind an NCCL collective that never ends) spins a whole core in one C call. The
+job is hung when no rank made progress for the timeout (and the attempt is past its warm-up).
+
+The verdict groups the ranks by where their main thread is (the innermost frame in the user's
+code, and the innermost call below it) and leads with the odd group out, when the ranks are not
+all in one place: a group that is not waiting in a torch.distributed call, else the smallest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from elastic_hydra.records import HangRank
+from elastic_hydra.tracebacks import Frame, ThreadStack, is_launcher_frame
+
+# Where a frame belongs to a library or to Python itself rather than to the user's program.
+_LIBRARY = re.compile(
+    r"/(site|dist)-packages/|/lib/python\d+\.\d+/|^<|elastic_hydra/workers/bootstrap\.py$"
+)
+CPU_BUSY = 0.1  # a process that used this share of a core since the last look is computing
+
+
+@dataclass(slots=True)
+class RankProgress:
+    """What the agent knows of one rank's progress (mutable: updated at each look)."""
+
+    last_progress: float  # wall clock
+    cpu: float | None = None  # the process's CPU seconds at the last look
+    looked: float | None = None  # when (wall clock)
+    gpu: bool = False  # it uses a GPU
+
+    def observe(
+        self, *, now: float, stack_changed: float | None, cpu: float | None, ran: float | None
+    ) -> None:
+        """One look: a new stack-change time from the bootstrap, the process's CPU seconds, and
+        the last time the bootstrap found its main thread had run Python code (None: not
+        known)."""
+        if stack_changed is not None and stack_changed > self.last_progress:
+            self.last_progress = min(stack_changed, now)
+        busy = cpu is not None and self.cpu is not None and self.looked is not None
+        if busy and self.gpu and ran is not None:  # spinning in one C call is no progress
+            # The bootstrap finds out at its own looks, as often as the agent's: one look's lag.
+            busy = ran > self.looked - (now - self.looked)  # type: ignore[operator]
+        if busy and cpu - self.cpu >= CPU_BUSY * max(now - self.looked, 1e-3):  # type: ignore[operator]
+            self.last_progress = now
+        self.cpu, self.looked = cpu, now
+
+
+def idle_for(ranks: Sequence[RankProgress], now: float) -> float:
+    """Seconds since any of `ranks` made progress (0 when there are none)."""
+    return now - max(r.last_progress for r in ranks) if ranks else 0.0
+
+
+def is_library(filename: str) -> bool:
+    return bool(_LIBRARY.search(filename.replace("\\", "/")))
+
+
+def locate(frames: Sequence[Frame]) -> tuple[Frame | None, Frame | None]:
+    """(the innermost frame of the user's code, the innermost frame of all when it is below
+    that one in a library); frames outermost first."""
+    user = next((f for f in reversed(frames) if not is_library(f.filename)), None)
+    inner = frames[-1] if frames else None
+    return user, (inner if inner is not None and inner is not user else None)
+
+
+def library_call(frame: Frame) -> str:
+    """`torch.distributed.distributed_c10d.all_reduce` from a frame in a package's file."""
+    path = frame.filename.replace("\\", "/")
+    m = re.search(r"/(?:site|dist)-packages/(.+?)\.py$", path) or re.search(
+        r"/lib/python\d+\.\d+/(.+?)\.py$", path
+    )
+    module = m.group(1).replace("/", ".").removesuffix(".__init__") if m else _base(path)
+    return f"{module}.{frame.name}"
+
+
+def place(rank: HangRank) -> str:
+    """Where a rank is, for people: `torch...all_reduce called from train.py:42` or
+    `data.py:88 (time.sleep(60))`."""
+    if rank.state != "dumped":
+        return rank.state.replace("_", " ")
+    user = f"{_base(rank.file)}:{rank.line}" if rank.file else ""
+    if rank.call:
+        return f"in {rank.call} called from {user}" if user else f"in {rank.call}"
+    code = f" ({rank.code})" if rank.code else ""
+    return f"at {user}{code}" if user else "at an unknown place"
+
+
+def main_stack_lines(rank: HangRank) -> list[str] | None:
+    """The rank's main-thread frames as Python prints a traceback's (outermost first), the
+    launcher's own hidden; None when no main thread was dumped."""
+    main = next((t for t in rank.threads if t.get("main")), None)
+    if main is None:
+        return None
+    frames = (
+        Frame(filename=f["filename"], lineno=f["lineno"], name=f["name"]) for f in main["frames"]
+    )
+    return [
+        f'  File "{f.filename}", line {f.lineno}, in {f.name}'
+        for f in frames
+        if not is_launcher_frame(f)
+    ]
+
+
+def _base(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def waits_for_peers(rank: HangRank) -> bool:
+    """In a torch.distributed call (a collective, a barrier, a store wait): a victim of the
+    hang more likely than its cause."""
+    return rank.call.startswith("torch.distributed.")
+
+
+def groups(ranks: Sequence[HangRank]) -> list[tuple[str, list[HangRank]]]:
+    """The ranks grouped by place, the odd one out first: groups not waiting for their peers
+    before those that are, then the smallest."""
+    by_place: dict[str, list[HangRank]] = {}
+    for r in sorted(ranks, key=lambda r: r.rank):
+        by_place.setdefault(place(r), []).append(r)
+    return sorted(
+        by_place.items(),
+        key=lambda kv: (waits_for_peers(kv[1][0]), len(kv[1]), [r.rank for r in kv[1]]),
+    )
+
+
+def who(members: Sequence[HangRank]) -> str:
+    return f"rank{'s' if len(members) > 1 else ''} {','.join(str(r.rank) for r in members)}"
+
+
+def verdict(ranks: Sequence[HangRank], idle: float) -> tuple[str, frozenset[int]]:
+    """The one-line verdict and the odd ranks out (empty when all are in one place)."""
+    grouped = groups(ranks)
+    odd = frozenset(r.rank for r in grouped[0][1]) if len(grouped) > 1 else frozenset()
+    parts = [
+        f"{who(members)} {where}" + (" (stuck here)" if members[0].rank in odd else "")
+        for where, members in grouped
+    ]
+    return f"hang after {idle:.0f} s without progress: " + "; ".join(parts), odd
+
+
+_SPY_THREAD = re.compile(
+    r'^Thread (?P<id>0x[0-9a-fA-F]+|\d+) \((?P<state>[^)]*)\)(?:: "(?P<name>.*)")?'
+)
+_SPY_FRAME = re.compile(r"^\s+(?P<name>.+) \((?P<file>.+):(?P<line>\d+)\)$")
+
+
+def parse_py_spy(text: str) -> tuple[ThreadStack, ...]:
+    """`py-spy dump`'s threads, the main thread first (frames innermost first in its output)."""
+    found: list[tuple[int, bool, list[Frame]]] = []
+    for line in text.splitlines():
+        if (head := _SPY_THREAD.match(line)) is not None:
+            tid = int(head["id"], 16) if head["id"].startswith("0x") else int(head["id"])
+            found.append((tid, head["name"] == "MainThread", []))
+        elif found and (m := _SPY_FRAME.match(line)) is not None:
+            found[-1][2].append(Frame(filename=m["file"], lineno=int(m["line"]), name=m["name"]))
+    found.sort(key=lambda t: not t[1])
+    return tuple(ThreadStack(thread_id=t, frames=tuple(reversed(f))) for t, _, f in found)

@@ -1,0 +1,273 @@
+"""The agent's watch on its workers' progress (`hang.timeout`): `seams.HangWatch` for one node.
+
+At each look (every `hang.sample` seconds) it reads every running worker's progress note (the
+time its bootstrap last saw the main thread's stack change) and its CPU time (/proc/PID/stat).
+When no rank made progress for `hang.timeout`, every rank is asked for its stacks before anything
+else happens: DUMP_SIGNAL to ranks run through the bootstrap (faulthandler answers from C, with
+or without the GIL), py-spy for the others where it is installed. A SIGSTOPped rank cannot
+answer and is named as stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.agent.worker_env import DUMP_SIGNAL
+from elastic_hydra.hangs import verdict
+from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.records import HangRank, HangRecord
+from elastic_hydra.rundir import RunDir
+from elastic_hydra.tracebacks import Frame, ThreadStack, parse_threads
+
+DUMP_WAIT = 3.0  # seconds the ranks get to write their stacks
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workers:
+    """One attempt's workers on this node, as the watch and `elastic-hydra stacks` see them."""
+
+    run: RunDir
+    attempt: int
+    pids: tuple[int, ...]  # by local rank
+    ranks: tuple[int, ...]  # global rank by local rank
+    host: str
+    node_rank: int | None = None
+    bootstrapped: bool = True
+
+
+class JobShare(Protocol):
+    """The other nodes' side of a hang (a torch rendezvous's store; see hang_share)."""
+
+    def share_progress(self, last: float) -> float:
+        """Publish this node's latest progress; the job's latest, every node's counted."""
+
+    def share_hang(self, record: HangRecord) -> HangRecord:
+        """Publish this node's ranks; the record with every node's ranks and verdict."""
+
+
+class LocalHangWatch:
+    """Progress and stacks of this node's workers (and, with `job`, the job's)."""
+
+    def __init__(
+        self, plan: LaunchPlan, run: RunDir, host: str, job: JobShare | None = None
+    ) -> None:
+        self.spec, self.run, self.host, self.job = plan.hang, run, host, job
+        self.bootstrapped = plan.entrypoint_bootstrapped
+        self.workers = Workers(run=run, attempt=0, pids=(), ranks=(), host=host)
+        self.started, self.reported = 0.0, False
+        self.ranks: dict[int, verdict.RankProgress] = {}
+
+    def start(self, pids: list[int], node: NodeAssignment, attempt: int) -> None:
+        now = time.time()
+        self.workers = Workers(
+            run=self.run, attempt=attempt, pids=tuple(pids), host=self.host,
+            ranks=tuple(node.base_rank + lr for lr in range(len(pids))),
+            node_rank=node.group_rank, bootstrapped=self.bootstrapped,
+        )  # fmt: skip
+        self.started, self.reported = now, False
+        self.ranks = {lr: verdict.RankProgress(last_progress=now) for lr in range(len(pids))}
+
+    def check(self, running: list[int]) -> HangRecord | None:
+        now = time.time()
+        running = [lr for lr in running if lr < len(self.workers.pids)]
+        for lr in running:
+            self._look(lr, now)
+        idle = verdict.idle_for([self.ranks[lr] for lr in running], now)
+        if self.job is not None:  # any rank on any node counts
+            idle = now - self.job.share_progress(now - idle)
+        assert self.spec.timeout is not None
+        if idle < self.spec.timeout:
+            self.reported = False  # progress again: the next hang is a new one
+            return None
+        if self.reported or now - self.started < self.spec.warmup:
+            return None
+        self.reported = True
+        record = self.evidence(running, idle, now)
+        return record if self.job is None else self.job.share_hang(record)
+
+    def _look(self, local_rank: int, now: float) -> None:
+        changed, ran = _read_times(self.run.progress_file(self.workers.attempt, local_rank))
+        pid, rank = self.workers.pids[local_rank], self.ranks[local_rank]
+        rank.gpu = rank.gpu or uses_gpu(pid)
+        rank.observe(now=now, stack_changed=changed, cpu=cpu_seconds(pid), ran=ran)
+
+    def evidence(self, running: list[int], idle: float, now: float) -> HangRecord:
+        """Every rank's place, its stacks saved first; the verdict."""
+        ranks = dump_ranks(self.workers, running)
+        text, odd = verdict.verdict(ranks, idle)
+        return HangRecord(
+            verdict=text,
+            idle_s=round(idle, 3),
+            timeout_s=self.spec.timeout or 0.0,
+            action=self.spec.action.value,
+            attempt=self.workers.attempt,
+            time=now,
+            ranks=tuple(replace(r, odd=r.rank in odd) for r in ranks),
+        )
+
+
+def dump_ranks(workers: Workers, running: list[int]) -> list[HangRank]:
+    """Ask every running rank for its stacks at once, then read them (DUMP_WAIT at most)."""
+    asked: dict[int, tuple[Path, int]] = {}
+    ranks: dict[int, HangRank] = {}
+    for lr, pid in enumerate(workers.pids):
+        base = HangRank(
+            rank=workers.ranks[lr], local_rank=lr, pid=pid, host=workers.host,
+            node_rank=workers.node_rank, state="exited",
+        )  # fmt: skip
+        path = workers.run.stacks_file(workers.attempt, lr)
+        if lr not in running:
+            ranks[lr] = base
+        elif process_state(pid) in ("T", "t"):
+            ranks[lr] = replace(base, state="stopped")
+        elif workers.bootstrapped and _size(path) > 0:
+            asked[lr] = (path, _size(path))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, DUMP_SIGNAL)
+            ranks[lr] = base
+        else:
+            ranks[lr] = _with_threads(replace(base, state="no_dump"), py_spy(pid), None)
+    for lr, text in _read_dumps(asked).items():
+        ranks[lr] = _with_threads(ranks[lr], parse_threads(text), _main_thread(asked[lr][0]))
+    return [ranks[lr] for lr in sorted(ranks)]
+
+
+def _read_dumps(asked: dict[int, tuple[Path, int]]) -> dict[int, str]:
+    """What each asked rank appended to its stacks file, once it stopped growing."""
+    deadline = time.monotonic() + DUMP_WAIT
+    sizes = {lr: offset for lr, (_, offset) in asked.items()}
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = {lr: _size(path) for lr, (path, _) in asked.items()}
+        grown = all(now[lr] > offset for lr, (_, offset) in asked.items())
+        if grown and now == sizes:
+            break
+        sizes = now
+    texts = {}
+    for lr, (path, offset) in asked.items():
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            f.seek(offset)
+            texts[lr] = f.read().decode(errors="replace")
+    return texts
+
+
+def _with_threads(rank: HangRank, threads: tuple[ThreadStack, ...], main: int | None) -> HangRank:
+    if not threads:
+        return rank
+    first = next((t for t in threads if t.thread_id == main), threads[0])
+    user, inner = verdict.locate(first.frames)
+    return replace(
+        rank,
+        state="dumped",
+        file=user.filename if user else "",
+        line=user.lineno if user else 0,
+        function=user.name if user else "",
+        code=_source(user) if user else "",
+        call=verdict.library_call(inner) if inner else "",
+        threads=tuple(
+            {
+                "thread_id": f"0x{t.thread_id:x}",
+                "main": t is first,
+                "frames": [
+                    {"filename": f.filename, "lineno": f.lineno, "name": f.name} for f in t.frames
+                ],
+            }
+            for t in threads
+            if not all(verdict.is_library(f.filename) for f in t.frames) or t is first
+        ),
+    )
+
+
+def _read_times(path: Path) -> tuple[float | None, float | None]:
+    """A progress note's times: the last stack change, and the last time the main thread ran
+    Python code (0: not since it started); None before the worker's first note (the file may
+    exist, still empty), where the bootstrap notes no such time, or when it cannot be read."""
+    try:
+        times = [float(word) for word in path.read_text().split()]
+    except (OSError, ValueError):
+        return None, None
+    return (times[0] if times else None), (times[1] if len(times) > 1 else None)
+
+
+def _source(frame: Frame) -> str:
+    """The frame's line of code, without its comment (best effort: `  #` starts one)."""
+    return linecache.getline(frame.filename, frame.lineno).split("  #")[0].strip()
+
+
+def _main_thread(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError), open(path) as f:
+        return int(f.readline().split()[2], 16)  # "main thread 0x..."
+    return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+GPU_DEVICES = "/dev/nvidia"  # + the GPU's number: a process with a CUDA context holds it open
+
+
+def uses_gpu(pid: int) -> bool:
+    """Whether the process holds a GPU's device file open: it initialised CUDA (measured with
+    torch on an H100: `torch.cuda.is_available()` opens /dev/nvidia0 already; importing torch
+    does not)."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        names = os.listdir(fds)
+    except OSError:  # gone
+        return False
+    for name in names:
+        with contextlib.suppress(OSError):
+            target = os.readlink(fds / name)
+            if target.startswith(GPU_DEVICES) and target[len(GPU_DEVICES) :].isdigit():
+                return True
+    return False
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process, all its threads (None: gone)."""
+    fields = _stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def process_state(pid: int) -> str:
+    fields = _stat(pid)
+    return "" if fields is None else fields[0]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2 :].split()
+    except (OSError, ValueError):  # gone, or read as it went
+        return None
+    return fields if len(fields) > 12 and fields[11].isdigit() and fields[12].isdigit() else None
+
+
+def py_spy(pid: int) -> tuple[ThreadStack, ...]:
+    """The stacks py-spy reads from outside, for ranks without the bootstrap; () without it."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return ()
+    try:
+        out = subprocess.run(
+            [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=10,
+            check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return verdict.parse_py_spy(out.stdout)

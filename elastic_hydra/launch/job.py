@@ -1,0 +1,188 @@
+"""One launch of a composed job: its plan, its private run dir, the saved config, the agent, the
+result. A command runs one job, or one per point of a sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from elastic_hydra import stopsignals
+from elastic_hydra.config import boundary
+from elastic_hydra.config.boundary import JobContext
+from elastic_hydra.config.invocation import Invocation
+from elastic_hydra.errors import EXIT_CONFIG, ConfigError
+from elastic_hydra.plan import LaunchPlan, to_dict
+from elastic_hydra.records import JobResult, RunSummary
+from elastic_hydra.redact import redact, redact_env
+from elastic_hydra.report.notices import warn
+from elastic_hydra.resolve.resolver import resolve_config
+from elastic_hydra.rundir import PRIVATE_DIR, RunDir, write_private
+
+
+class SweepStopped(BaseException):
+    """A signal stopped a launch: the rest of the sweep must not start.
+
+    A BaseException, so that Hydra's job runner, which records an Exception and moves on to the
+    next job, lets it through. A launcher that ran jobs elsewhere (the pool) hands back what
+    they returned, as `returned`.
+    """
+
+    def __init__(self, exit_code: int, returned: Sequence[object] = ()) -> None:
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+        self.returned = list(returned)
+
+
+def run_command(inv: Invocation) -> int:
+    """Run every job of the command; the exit code of the run, or of the sweep as a whole."""
+    runner = JobRunner()
+    stopped: int | None = None
+    returned: list[Any] = []
+    try:
+        returned = boundary.run(inv, runner)
+    except SweepStopped as exc:
+        stopped, returned = exc.exit_code, exc.returned
+    results = runner.with_returned(returned)
+    if inv.multirun or any(r.swept for r in results):
+        from elastic_hydra.report import render
+
+        render.print_sweep(results)
+        if stopped is not None:
+            return stopped
+        return 0 if all(r.exit_code == 0 for r in results) else 1
+    if stopped is not None:
+        return stopped
+    return results[-1].exit_code if results else 0
+
+
+def plan_of(cfg: DictConfig, ctx: JobContext) -> LaunchPlan:
+    """The plan of a composed job (the dry run's and the launch's).
+
+    Raises:
+        ConfigError: bad input.
+    """
+    return resolve_config(cfg, run_dir=str(ctx.run_dir))
+
+
+def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
+    """plan.json's content: the plan, secret values of its extra environment masked."""
+    return {**to_dict(plan), "env": redact_env(plan.env)}
+
+
+@dataclass(slots=True)
+class JobRunner:
+    """Runs the jobs Hydra composes and keeps their results."""
+
+    results: list[JobResult] = field(default_factory=list)
+
+    def prepare(self, cfg: DictConfig, ctx: JobContext) -> tuple[LaunchPlan, RunDir]:
+        """Resolve a plain run and make its private run dir, before anything else is written.
+
+        Raises:
+            ConfigError: bad input, or a `logs.root` where no run dir can be made; nothing is left.
+        """
+        plan = plan_of(cfg, ctx)
+        try:
+            run = RunDir.create(ctx.run_dir, logs_root=Path(str(cfg.logs.root)))
+        except OSError as exc:
+            raise ConfigError(
+                "logs.root",
+                f"cannot make the run directory {exc.filename or ctx.run_dir} ({exc.strerror})",
+                cfg.logs.root,
+                "expected a writable directory, e.g. logs.root=$HOME/eh_logs",
+            ) from None
+        return plan, run
+
+    def with_returned(self, returned: list[Any]) -> list[JobResult]:
+        """The results of the jobs run here, then those that ran elsewhere (Hydra's launcher
+        returned them: a Slurm node's, a pool process's)."""
+        seen = {r.run_dir for r in self.results}
+        elsewhere = [r for r in returned if isinstance(r, JobResult) and r.run_dir not in seen]
+        return [*self.results, *elsewhere]
+
+    def __call__(
+        self, cfg: DictConfig, ctx: JobContext, prepared: tuple[LaunchPlan, RunDir] | None
+    ) -> JobResult:
+        if prepared is None:  # a sweep's job, in the dir Hydra's launcher made
+            run = RunDir(ctx.run_dir)
+            run.make_private()
+            try:
+                plan = plan_of(cfg, ctx)
+            except ConfigError as exc:
+                # Reported here, not raised: Hydra would add its own line, and a sweep must go on.
+                print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
+                save_config(run, cfg, ctx)
+                return self._record(_result(ctx, EXIT_CONFIG, exc.line()))
+        else:
+            plan, run = prepared
+        if plan.run_dir != str(run.root):  # one of several nodes: its own dir in the job's
+            run = RunDir(Path(plan.run_dir))
+            run.root.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+        save_config(run, cfg, ctx, plan)
+        if (signum := stopsignals.pending_signal()) is not None:  # stopped before anything ran
+            self._record(_result(ctx, 128 + signum, "stopped before the launch", run=run))
+            raise SweepStopped(128 + signum)
+        from elastic_hydra.launch import wiring
+
+        code, summary = wiring.run(plan)
+        result = self._record(_result(ctx, code, summary.message, summary, run=run))
+        if code > 128 and ctx.swept:
+            raise SweepStopped(code)
+        return result
+
+    def _record(self, result: JobResult) -> JobResult:
+        self.results.append(result)
+        try:
+            write_private(
+                RunDir(Path(result.run_dir)).result,
+                json.dumps(redact(result.to_json()), indent=2, default=str) + "\n",
+            )
+        except OSError as exc:  # the run dir was removed or the disk is full: the code counts
+            warn(f"cannot write result.json ({exc.strerror}: {exc.filename})")
+        return result
+
+
+def _result(
+    ctx: JobContext,
+    code: int,
+    message: str,
+    summary: RunSummary | None = None,
+    *,
+    run: RunDir | None = None,
+) -> JobResult:
+    return JobResult(
+        overrides=tuple(ctx.overrides),
+        exit_code=code,
+        run_dir=str(run.root if run else ctx.run_dir),
+        message=message,
+        summary=summary,
+        swept=ctx.swept,
+    )
+
+
+def save_config(
+    run: RunDir, cfg: DictConfig, ctx: JobContext, plan: LaunchPlan | None = None
+) -> None:
+    """Hydra's saved config (.hydra/), the plan and the config resolved once, secrets masked.
+
+    Resolved once here, so workers that use Hydra see one set of values (e.g. one ${now:}).
+    """
+    run.hydra_dir.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+    saved: dict[Path, Any] = {
+        run.saved_config: OmegaConf.to_container(cfg, resolve=False),
+        run.saved_hydra: {"hydra": ctx.hydra_cfg},
+        run.saved_overrides: ctx.overrides,
+    }
+    if plan is not None:
+        saved[run.config] = OmegaConf.to_container(cfg, resolve=True)
+    for path, data in saved.items():
+        write_private(path, OmegaConf.to_yaml(OmegaConf.create(redact(data))))
+    if plan is not None:
+        write_private(run.plan, json.dumps(plan_dict(plan), indent=2) + "\n")

@@ -1,0 +1,20 @@
+"""How the nodes of a job meet, and what they share. The only importer of torch.
+
+Two kinds of rendezvous implement `agent.seams.Rendezvous`:
+
+- `local`: standalone (one node, no service, no torch) and static (fixed node ranks, like
+  `torch.distributed.launch`).
+- `torch_backend`: c10d, etcd-v2 and etcd through PyTorch's own handlers, so torchrun agents can
+  join the same job; joins, membership changes, the exit barrier, torchrun agents named.
+  `torch_handler` creates and reads torch's handler.
+
+What the nodes share besides the rendezvous itself lives in the store under our keys:
+
+- `store_keys`: rank assignment (torchrun's keys), node facts (config digests), failure records,
+  the exit barrier.
+- `sealed_records`: failure records as untrusted input: size caps, type checks, membership,
+  and an HMAC when `ELASTIC_HYDRA_RDZV_SECRET` is set.
+- `server`: `elastic-hydra rdzv-server`, the c10d store as a process of its own.
+
+Imports: hangs (the hang share rides on the store), agent and the root.
+"""

@@ -1,0 +1,213 @@
+"""torch's rendezvous handler, as elastic-hydra uses it: its creation (parameters, stores that
+listen on their host's address alone, torch's logs kept quiet, a clear error when torch or
+python-etcd is missing) and what it keeps of the job (the shared state, its nodes by name).
+
+Everything here reads or patches torch's own objects; `rendezvous_torch` builds the protocol on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from elastic_hydra.errors import ConfigError, RendezvousError
+from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
+from elastic_hydra.rendezvous.local import listen_socket
+
+# torch's Store and RendezvousHandler, typed loosely: torch is optional and ships partial stubs.
+Store = Any
+RendezvousHandler = Any
+
+
+def create_handler(plan: LaunchPlan, where: str) -> RendezvousHandler:
+    """torch's handler for the plan's backend (network I/O: it connects, or hosts the c10d
+    store on the endpoint's address alone), or a RendezvousError that says where and what to do."""
+    spec = plan.rdzv
+    assert isinstance(spec, Dynamic)
+    _check_resolves(spec.endpoint.host)
+    parameters, get_handler = _import_torch_rendezvous(spec.backend)
+    options: dict[str, Any] = {
+        "join_timeout": int(spec.join_timeout),
+        "last_call_timeout": int(spec.last_call_timeout),
+        "close_timeout": int(spec.close_timeout),
+        "heartbeat_timeout": int(spec.heartbeat_timeout),
+        "keep_alive_interval": int(spec.keep_alive_interval),
+        "keep_alive_max_attempt": spec.keep_alive_max_attempt,
+        "read_timeout": int(spec.read_timeout),
+        "timeout": int(spec.timeout),
+    }
+    if spec.is_host is not None:
+        options["is_host"] = spec.is_host
+    params = parameters(
+        backend=spec.backend.value,
+        endpoint=str(spec.endpoint),
+        run_id=plan.run_id,
+        min_nodes=plan.nnodes.min,
+        max_nodes=plan.nnodes.max,
+        local_addr=plan.local_addr,
+        **options,
+    )
+    try:
+        with _stores_bound_to_their_host():
+            handler = get_handler(params)
+    except Exception as exc:
+        raise RendezvousError(
+            f"cannot reach the {where}: {reason(exc)}. Start the "
+            f"{_server(spec)} there, or fix rdzv.endpoint"
+            + (
+                f" (waited rdzv.read_timeout={spec.read_timeout:g} s)"
+                if spec.backend is DynamicBackend.C10D
+                else ""
+            )
+        ) from None
+    if hasattr(handler, "_create_tcp_store_server"):  # the store round 0's workers use
+        handler._create_tcp_store_server = lambda addr, port: bound_tcp_store(
+            addr, port, multi_tenant=True
+        )
+    return handler
+
+
+def _check_resolves(host: str) -> None:
+    """A host name that does not resolve fails now, by name (torch would retry it for the whole
+    read timeout and then blame the connection)."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise RendezvousError(
+            f"the rendezvous host {host!r} does not resolve ({reason(exc)}): fix rdzv.endpoint, "
+            "or make the name resolvable on this node (DNS or /etc/hosts)"
+        ) from None
+
+
+def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
+    """torch's RendezvousParameters and get_rendezvous_handler, or a ConfigError naming the
+    package to install."""
+    verbose = os.environ.get("ELASTIC_HYDRA_FULL_ERROR") == "1"
+    try:
+        with _quiet_torch_cpp(not verbose):
+            from torch.distributed.elastic.rendezvous import RendezvousParameters
+            from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+    except ImportError:
+        raise ConfigError(
+            "rdzv.backend",
+            "needs PyTorch, which is not installed",
+            backend.value,
+            "install it with `pip install torch` (or pick rdzv=standalone or rdzv=static)",
+        ) from None
+    if backend is not DynamicBackend.C10D:
+        try:
+            import etcd  # noqa: F401  (python-etcd, the client torch's etcd handlers use)
+        except ImportError:
+            raise ConfigError(
+                "rdzv.backend",
+                "needs the python-etcd client, which is not installed",
+                backend.value,
+                "install it with `pip install python-etcd`",
+            ) from None
+    if not verbose:  # our one-line errors say what failed; torch's warnings repeat it
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        if backend is DynamicBackend.ETCD:  # sets its own logger to INFO, on stderr, at import
+            from torch.distributed.elastic.rendezvous import etcd_rendezvous
+
+            etcd_rendezvous.logger.setLevel(logging.ERROR)
+    return RendezvousParameters, get_rendezvous_handler
+
+
+@contextlib.contextmanager
+def _quiet_torch_cpp(quiet: bool) -> Iterator[None]:
+    """Load torch with its C++ log level at FATAL (read once, at load) unless the user set it.
+
+    The variable is set only while torch loads: workers never see it.
+    """
+    if not quiet or "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        yield
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+
+
+def bound_tcp_store(host: str, port: int, **options: Any) -> Store:
+    """A TCPStore server that listens on `host` only, not on every interface."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
+
+    sock = listen_socket(host, port)
+    try:
+        store = TCPStore(
+            host, sock.getsockname()[1], is_master=True, master_listen_fd=sock.fileno(), **options
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now
+    return store
+
+
+@contextlib.contextmanager
+def _stores_bound_to_their_host() -> Iterator[None]:
+    """While torch's c10d backend creates its store: the hosting agent's listens on the
+    endpoint's address alone. A bind that fails (another agent on this machine hosts it) is the
+    error torch expects, so it joins as a client, as it would have."""
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+
+    original = c10d.TCPStore
+
+    def tcp_store(host: str, port: int, *args: Any, is_master: bool = False, **kw: Any) -> Store:
+        if not is_master or args:
+            return original(host, port, *args, is_master=is_master, **kw)
+        try:
+            return bound_tcp_store(host, port, **kw)
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+
+    c10d.TCPStore = tcp_store
+    try:
+        yield
+    finally:
+        c10d.TCPStore = original
+
+
+def dynamic_state(handler: object) -> Any:
+    """The shared state of torch's dynamic handler (c10d, etcd-v2); None for legacy etcd."""
+    holder = getattr(handler, "_state_holder", None)
+    return None if holder is None else holder.state
+
+
+def this_node(handler: object) -> object:
+    return getattr(handler, "_this_node", None)
+
+
+def agent_name(node: object) -> str:
+    return f"{shown(getattr(node, 'addr', node))}, pid {shown(getattr(node, 'pid', '?'))}"
+
+
+def node_name(node: object) -> str:
+    addr, pid = getattr(node, "addr", None), getattr(node, "pid", None)
+    return f"{shown(addr)} (agent pid {shown(pid)})" if addr is not None else shown(node)
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A value from torch's shared state (any agent wrote it) as one short printable word: it
+    reaches the console, the events and summary.json."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value)[: limit + 1])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def reason(exc: BaseException) -> str:
+    """The innermost message of torch's wrapped errors, on one line."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+def _server(spec: Dynamic) -> str:
+    if spec.backend is DynamicBackend.C10D:
+        return "store (an agent with rdzv.is_host=true, or `elastic-hydra rdzv-server`)"
+    return "etcd server (with --enable-v2 for etcd-v2)"

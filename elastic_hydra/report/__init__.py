@@ -1,0 +1,12 @@
+"""What a run leaves for people and programs: failure files, summary, console, notices.
+
+- `failure_files`: what a failed worker left behind (torch's `@record` error file, our own
+  traceback file, a crash dump, the tail of its stderr), read into a failure record.
+- `summary`: `summary.json`, how a launch ended on this node, every failure and the root cause.
+- `render`: rich renderings of a plan, a failure report and a sweep table; rich is imported here
+  and only when a report is shown.
+- `notices`: one-line notices on stderr without rich (the success line, a multi-node job's
+  progress).
+
+Imports: hangs, agent, resolve (the machine facts a plan shows) and the root.
+"""

@@ -1,0 +1,390 @@
+"""Rich renderings for people: the launch plan and the sweep table. The only module importing rich.
+
+On a terminal these use colour; elsewhere (CI logs, pipes) rich emits plain text without ANSI codes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from rich.traceback import Frame as RichFrame
+from rich.traceback import Stack as RichStack
+from rich.traceback import Trace, Traceback
+
+from elastic_hydra import tracebacks
+from elastic_hydra.gpus import format_cpus
+from elastic_hydra.hangs import verdict
+from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
+from elastic_hydra.records import FailureRecord, HangRecord, JobResult, PeerFailure, RunSummary
+from elastic_hydra.redact import redact_env
+from elastic_hydra.report.notices import took
+
+
+def console(stderr: bool = False, soft_wrap: bool = False) -> Console:
+    # Off a terminal (CI logs, pipes) do not fold long paths and commands at 80 columns, unless
+    # COLUMNS says how wide the reader is.
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200
+    return Console(stderr=stderr, soft_wrap=soft_wrap, highlight=False, width=width)
+
+
+def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
+    """The plan as a two-column table."""
+    table = Table(title="elastic-hydra launch plan", box=box.SIMPLE_HEAVY, show_header=False)
+    table.add_column("what", style="bold cyan", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    world = f"{plan.nnodes.min * plan.nproc_per_node}"
+    if plan.nnodes.min != plan.nnodes.max:
+        world += f"..{plan.nnodes.max * plan.nproc_per_node}"
+    rows = {
+        "topology": f"{plan.nnodes} node(s) x {plan.nproc_per_node} process(es) "
+        f"= world size {world}",
+        "rendezvous": describe_rdzv(plan),
+        "run id": plan.run_id,
+        "role": plan.role,
+        "restart": describe_restart(plan.restart),
+        "stop grace": f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)",
+        "command": shlex.join(plan.argv),
+        "extra env": "\n".join(f"{k}={v}" for k, v in redact_env(plan.env)) or "(none)",
+    }
+    logs = plan.logs
+    console_text = "quiet" if logs.quiet else ("tee " if logs.tee else "files only")
+    if logs.tee and logs.console_ranks is not None:
+        console_text += "local ranks " + ",".join(map(str, sorted(logs.console_ranks)))
+    elif logs.tee:
+        console_text += f"all ranks, prefix {logs.prefix!r}"
+    rows["console"] = console_text
+    rows["devices"] = describe_devices(plan)
+    rows["run dir"] = plan.run_dir or run_dir_hint
+    for what, value in rows.items():  # Text: values are the user's words, never rich markup
+        table.add_row(what, Text(value))
+    return table
+
+
+def describe_devices(plan: LaunchPlan) -> str:
+    """One line per local rank: its GPU, what else it sees, its CPUs."""
+    if not plan.devices:
+        return "as the environment has them (no GPU selection, no CPU binding)"
+    lines = []
+    for local_rank, d in enumerate(plan.devices):
+        parts = [str(d.own) if d.own else "no GPU"]
+        if len(d.gpus) > 1:
+            parts.append("sees GPUs " + ",".join(str(g.index) for g in d.gpus))
+        if d.cpus:
+            parts.append(f"CPUs {format_cpus(d.cpus)}")
+        lines.append(f"local rank {local_rank}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def describe_rdzv(plan: LaunchPlan) -> str:
+    r = plan.rdzv
+    match r:
+        case Standalone():
+            return "standalone (this machine only, no external service)"
+        case Static():
+            return f"static: node_rank {r.node_rank}, master {r.master}"
+        case Dynamic():
+            return (
+                f"{r.backend.value} at {r.endpoint}; join_timeout {r.join_timeout:g} s, "
+                f"last_call_timeout {r.last_call_timeout:g} s"
+            )
+    return str(r)  # pragma: no cover
+
+
+def describe_restart(spec: RestartSpec) -> str:
+    if spec.max_restarts == 0:
+        return "never (a failure ends the job)"
+    b = spec.backoff
+    parts = [f"up to {spec.max_restarts} restart(s)"]
+    if b.initial > 0:
+        jitter = f" +-{b.jitter:.0%}" if b.jitter else ""
+        parts.append(f"backoff {b.initial:g} s x{b.multiplier:g} up to {b.maximum:g} s{jitter}")
+    if spec.window:
+        parts.append(f"at most {spec.window.max_restarts} in {spec.window.seconds:g} s")
+    rules = [f"exit {c}: {a.value}" for c, a in spec.on_exit_code]
+    rules += [f"{signal.Signals(s).name}: {a.value}" for s, a in spec.on_signal]
+    if rules:
+        parts.append(", ".join(rules))
+    if spec.fail_fast_seconds:
+        parts.append(f"no retry for failures in the first {spec.fail_fast_seconds:g} s")
+    return "; ".join(parts)
+
+
+def print_plan(plan: LaunchPlan, *, run_dir_hint: str = "") -> None:
+    _print(console(), plan_table(plan, run_dir_hint=run_dir_hint))
+
+
+def sweep_table(results: Sequence[JobResult]) -> Table:
+    table = Table(title="elastic-hydra sweep", box=box.SIMPLE_HEAVY)
+    for name in ("#", "overrides", "status", "exit", "attempts", "duration", "run dir"):
+        table.add_column(name, overflow="fold")
+    for i, r in enumerate(results):
+        status = (
+            "[green]ok[/]"
+            if r.exit_code == 0
+            else "[yellow]stopped[/]"
+            if r.exit_code > 128
+            else "[red]failed[/]"
+        )
+        duration = r.summary.duration_s if r.summary else None
+        table.add_row(
+            str(i),
+            Text(" ".join(o for o in r.overrides if not o.startswith("args=")) or "(none)"),
+            status,
+            str(r.exit_code),
+            str(r.summary.attempts) if r.summary else "-",
+            f"{duration:.2f} s" if isinstance(duration, float) else "-",
+            Text(_relative(r.run_dir)),
+        )
+    return table
+
+
+def _relative(path: str) -> str:
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def print_sweep(results: Sequence[JobResult]) -> None:
+    _print(console(), sweep_table(results))
+
+
+# --------------------------------------------------------------------------------- run summary
+def print_failure(summary: RunSummary) -> None:
+    """The closing report of a launch that did not succeed, on stderr: rich on a terminal, plain
+    text elsewhere. (The success line is `notices.succeeded`, which needs no rich.)"""
+    out = console(stderr=True)
+    _print(out, outcome_report(summary, plain=not out.is_terminal, width=out.width))
+
+
+def _print(out: Console, *renderables: RenderableType) -> None:
+    """Print; off a terminal (CI logs, diffs, grep) lines of text stay whole, without the padding
+    rich adds to the ends of lines."""
+    if out.is_terminal:
+        out.print(*renderables)
+        return
+    with out.capture() as captured:
+        out.print(*renderables, soft_wrap=True)
+    text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+    out.file.write(text + "\n")
+    out.file.flush()
+
+
+def outcome_report(summary: RunSummary, *, plain: bool, width: int = 100) -> RenderableType:
+    """The failure report: root cause and its traceback, the other ranks, where the logs are."""
+    title = f"elastic-hydra: {summary.status.replace('_', ' ')}"  # not a field name
+    headline = Text(f"{summary.message} ({took(summary)})")
+    parts: list[RenderableType] = []
+    cause = summary.root_cause
+    if cause is not None:
+        parts += _root_cause(cause, plain=plain, width=width)
+    elif summary.hang is not None:
+        parts += hang_section(summary.hang, plain=plain)
+    parts += peer_section(summary.peer_failures)
+    others = _other_ranks(summary, cause, plain=plain)
+    if others is not None:
+        parts.append(others)
+    if summary.stuck_pids:
+        parts.append(Text(f"processes that would not die: {list(summary.stuck_pids)}", style="red"))
+    parts.append(Text(f"run dir: {summary.run_dir}"))
+    if cause is not None:
+        there = "" if cause.host == summary.host else f" on {cause.host}"
+        parts.append(Text(f"logs of rank {cause.rank}{there}: {cause.stderr_log}"))
+    if plain:
+        return Group(Text.assemble((f"{title}: ", "bold red"), headline), *parts)
+    return Panel(
+        Group(headline, *parts),
+        title=Text(title, style="bold red"),
+        title_align="left",
+        border_style="red",
+        box=box.ROUNDED,
+    )
+
+
+def _root_cause(cause: FailureRecord, *, plain: bool, width: int) -> list[RenderableType]:
+    when = datetime.fromtimestamp(cause.time).isoformat(sep=" ", timespec="milliseconds")
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold", no_wrap=True)
+    head.add_column()
+    head.add_row(
+        "root cause",
+        Text.assemble(
+            (f"rank {cause.rank}", "bold yellow"),
+            f" (local rank {cause.local_rank}) on {_where(cause)}, pid {cause.pid}, "
+            f"attempt {cause.attempt}, restart count {cause.restart_count}",
+        ),
+    )
+    head.add_row("exit", Text(cause.exit, style="bold red"))
+    head.add_row("time", when)
+    parts: list[RenderableType] = [head]
+    stacks = tracebacks.from_json(cause.traceback)
+    if stacks and plain:
+        parts.append(Text(tracebacks.format_stacks(stacks)))
+    elif stacks:
+        parts.append(_rich_traceback(stacks, width))
+    elif cause.message:
+        parts.append(Text(cause.message, style="red"))
+    # A crash's stack comes from its dump: show stderr beside it only when there is some.
+    if not stacks or (cause.source == "crash" and cause.stderr_tail):
+        parts += _stderr_tail(cause)
+    return parts
+
+
+def hang_section(hang: HangRecord, *, plain: bool) -> list[RenderableType]:
+    """The odd ranks' main-thread stacks (the others' are in their stacks.txt)."""
+    parts: list[RenderableType] = []
+    shown = [r for r in hang.ranks if r.odd] or list(hang.ranks[:1])
+    for r in shown:
+        where = f"rank {r.rank} (local rank {r.local_rank}) on {r.host}, pid {r.pid}: {r.state}"
+        parts.append(Text(where, style="bold yellow"))
+        parts += [Text(line) for line in verdict.main_stack_lines(r) or ()]
+    parts.append(Text(f"every rank's stacks: attempt_{hang.attempt}/<local rank>/stacks.txt"))
+    return parts
+
+
+def peer_section(peers: Sequence[PeerFailure]) -> list[RenderableType]:
+    """What the job's torchrun agents did, as far as the store tells: their tracebacks stay in
+    their own logs."""
+    if not peers:
+        return []
+    lines: list[RenderableType] = [
+        Text("torchrun nodes (their tracebacks are in their own logs):", style="bold")
+    ]
+    for p in peers:
+        when = datetime.fromtimestamp(p.time).strftime("%H:%M:%S")
+        lines.append(Text(f"  {when} round {p.rdzv_round}: {p.line()}"))
+    return lines
+
+
+def _where(cause: FailureRecord) -> str:
+    node = cause.node_rank
+    return cause.host if node is None else f"{cause.host} (node {node})"
+
+
+def _rich_traceback(stacks: Sequence[tracebacks.Stack], width: int) -> RenderableType:
+    trace = Trace(
+        stacks=[
+            RichStack(
+                exc_type=s.exc_type,
+                exc_value=s.exc_value,
+                is_cause=s.link == "cause",
+                frames=[RichFrame(f.filename, f.lineno, f.name, f.line) for f in s.frames],
+            )
+            for s in reversed(stacks)  # rich keeps the newest exception first
+        ]
+    )
+    return Traceback(trace, width=width, extra_lines=1, max_frames=30)
+
+
+def _stderr_tail(cause: FailureRecord) -> list[RenderableType]:
+    tail = cause.stderr_tail
+    if not tail:
+        return [Text(f"(stderr was empty: {cause.stderr_log})", style="dim")]
+    return [
+        Text(f"last {len(tail)} line(s) of {cause.stderr_log}:", style="dim"),
+        Text("\n".join(f"  {line}" for line in tail)),
+    ]
+
+
+def _other_ranks(summary: RunSummary, cause: FailureRecord | None, *, plain: bool) -> Table | None:
+    exits = list(summary.exits)
+    if cause is not None:  # the root cause's group only
+        exits = [e for e in exits if e.attempt == cause.attempt and e.rank != cause.rank]
+    elif exits:
+        last = max(e.attempt for e in exits)
+        exits = [e for e in exits if e.attempt == last]
+    if not exits:
+        return None
+    table = Table(
+        title="other ranks" if cause else "ranks",
+        title_justify="left",
+        box=None if plain else box.SIMPLE,
+        pad_edge=False,
+    )
+    for name in ("rank", "local", "pid", "how it ended"):
+        table.add_column(name, overflow="fold")
+    for e in sorted(exits, key=lambda e: e.rank):
+        how = e.exit
+        if e.returncode == 0:  # done by itself, or it heard the launcher's stop and ended well
+            how = "exited 0"
+        elif e.terminated_by_launcher:
+            how = f"terminated by launcher ({e.signal or how})"
+        elif e.after_node_loss:
+            how = f"{how}, collateral of another node's failure or loss"
+        table.add_row(str(e.rank), str(e.local_rank), str(e.pid), Text(how))
+    return table
+
+
+# ------------------------------------------------------------------------------------- report
+def print_report(summary: RunSummary, events: Sequence[Mapping[str, Any]]) -> None:
+    """`elastic-hydra report RUN_DIR`: the saved summary and the events timeline."""
+    out = console()
+    plain = not out.is_terminal
+    ending: RenderableType = Text(
+        f"elastic-hydra: succeeded ({took(summary)}); run dir {summary.run_dir}"
+    )
+    if summary.status != "succeeded":
+        ending = outcome_report(summary, plain=plain, width=out.width)
+    else:  # what happened on the way: a reported hang, torchrun nodes' restarts
+        on_the_way: list[RenderableType] = []
+        if summary.hang is not None:
+            on_the_way.append(Text(f"reported on the way: {summary.hang.verdict}", style="yellow"))
+            on_the_way += hang_section(summary.hang, plain=plain)
+        ending = Group(*on_the_way, *peer_section(summary.peer_failures), ending)
+    _print(out, timeline(events, plain=plain), attempts_table(events, plain=plain), ending)
+
+
+def attempts_table(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
+    """One row per start of the worker group: when, for how long, and how it ended."""
+    table = Table(title="attempts", title_justify="left", box=None if plain else box.SIMPLE)
+    for name in ("attempt", "started (s)", "ran (s)", "ended"):
+        table.add_column(name, overflow="fold")
+    t0 = events[0]["monotonic"] if events else 0.0
+    start: Mapping[str, Any] | None = None
+    ended = ""
+    for ev in events:
+        kind = ev["event"]
+        if kind == "workers_started":
+            start, ended = ev, ""
+        elif start is not None and kind == "worker_exited" and not ended:
+            if ev["returncode"] != 0 and not ev["terminated_by_launcher"]:
+                ended = f"rank {ev['rank']} {ev['exit']}"
+        elif start is not None and kind in ("restart", "finish", "signal"):
+            reason = ev.get("reason") or ev.get("signal") or ""
+            table.add_row(
+                str(start.get("attempt", start.get("round"))),  # "round" before 0.2
+                f"{start['monotonic'] - t0:.3f}",
+                f"{ev['monotonic'] - start['monotonic']:.3f}",
+                Text(ended or str(reason)),
+            )
+            start = None
+    return table
+
+
+def _short(value: object) -> str:
+    """An event's value for people: floats to 3 significant decimals (0.947, not 0.94729827)."""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def timeline(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
+    """One row per event: seconds since the first, what happened."""
+    table = Table(title="timeline", title_justify="left", box=None if plain else box.SIMPLE)
+    table.add_column("t (s)", justify="right")
+    table.add_column("event")
+    table.add_column("details", overflow="fold")
+    t0 = events[0]["monotonic"] if events else 0.0
+    for ev in events:
+        data = {k: v for k, v in ev.items() if k not in ("event", "time", "monotonic")}
+        details = ", ".join(f"{k}={_short(v)}" for k, v in data.items())
+        table.add_row(f"{ev['monotonic'] - t0:.3f}", Text(str(ev["event"])), Text(details))
+    return table

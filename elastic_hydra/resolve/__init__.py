@@ -1,0 +1,14 @@
+"""Typed config -> frozen `LaunchPlan`: the only validator of user values.
+
+`resolver.resolve_config` takes the composed config and returns the plan every later step reads,
+or raises `ConfigError` naming the key, the value and the fix. Its parts:
+
+- `entry`: `script=`, `module=` or `cmd=`, its arguments and the Python that runs it.
+- `topology`: how many nodes and how they meet (rendezvous backend, endpoint, Slurm).
+- `runtime`: what runs around the workers: restart policy, console and log files, hang watch.
+- `gpus`: `nproc_per_node` keywords, `gpus`, `devices`, `gpu_sharing`, CPU binding.
+- `machine`: what this machine offers (GPUs from NVML or nvidia-smi, CPUs from sysfs), read
+  without torch; resolution is handed these facts so that tests can pass their own.
+
+Imports: config (the schema and error explanations) and the root.
+"""

@@ -1,0 +1,200 @@
+"""Composed config -> validated, frozen `LaunchPlan`. All configuration checks live in resolve_*:
+
+    resolve            the typed config from the composed one, and the plan from its parts
+    resolve_entry      the entrypoint (script, module or cmd) and its arguments
+    resolve_topology   nodes and rendezvous (slurm resolves straight to c10d)
+    resolve_runtime    restart policy, logs, environment, role, durations
+    resolve_gpus       workers per node and each worker's devices
+
+Every problem raises `ConfigError` naming the key, the value and the fix; `config_errors` turns
+Hydra's and OmegaConf's own composition errors into the same one-line form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from elastic_hydra.config import schema
+from elastic_hydra.config.explain import from_omegaconf, unknown_key
+from elastic_hydra.config.schema import ElasticHydraConf
+from elastic_hydra.errors import ConfigError
+from elastic_hydra.plan import LaunchPlan, Standalone
+from elastic_hydra.resolve import machine as probe
+from elastic_hydra.resolve.entry import HostFacts, resolve_entrypoint
+from elastic_hydra.resolve.gpus import Machine, resolve_devices, resolve_nproc
+from elastic_hydra.resolve.runtime import (
+    resolve_env,
+    resolve_hang,
+    resolve_logs,
+    resolve_restart,
+    resolve_role,
+    seconds,
+)
+from elastic_hydra.resolve.topology import resolve_topology
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MAX_NPROC = 1024  # workers per node; torchrun has no bound and forks until PIDs run out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Host(HostFacts):
+    """What resolution needs from the machine (files, programs, GPUs, CPUs, process room);
+    tests pass their own."""
+
+    machine: Machine
+    process_room: Callable[[], int | None] = probe.process_room
+    hostname: str = dataclasses.field(default_factory=socket.gethostname)
+
+    @classmethod
+    def current(cls) -> Host:
+        environ = dict(os.environ)
+        return cls(
+            cwd=os.getcwd(),
+            environ=environ,
+            machine=Machine(
+                gpus=functools.cache(lambda: probe.visible_gpus(environ)),
+                cpus=probe.allowed_cpus,
+                node_cpus=probe.node_cpus,
+            ),
+        )
+
+
+def resolve_config(cfg: DictConfig, *, run_dir: str = "", host: Host | None = None) -> LaunchPlan:
+    """Validate a composed job config and resolve it into a plan.
+
+    Raises:
+        ConfigError: the first problem found, as one line.
+    """
+    if OmegaConf.get_type(cfg) is not ElasticHydraConf:
+        raise ConfigError(
+            "defaults", "the job does not include elastic_hydra_base", "<untyped job>",
+            "expected a defaults list that starts with elastic_hydra_base",
+            "See examples/jobs/hello.yaml.",
+        )  # fmt: skip
+    _check_known_keys(cfg)
+    try:
+        conf = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise from_omegaconf(exc) from None
+    assert isinstance(conf, ElasticHydraConf)
+    plan = resolve(conf, run_dir=run_dir, host=host or Host.current())
+    return dataclasses.replace(plan, config_hash=config_hash(cfg))
+
+
+# What every node's workers must agree on. Node-local keys (logs, devices, nproc_per_node,
+# local_addr...) may differ between nodes, as they may under torchrun.
+JOB_KEYS = ("script", "module", "cmd", "args", "hp")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """A digest of the job's program and arguments, resolved: a `${now:}` in them, evaluated
+    once per node, makes the nodes disagree."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    data = {k: resolved.get(k) for k in JOB_KEYS}
+    text = json.dumps(data, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def node_dir(run_dir: str, host: Host) -> str:
+    """A node's own directory inside a multi-node job's run dir (shared filesystems, and sweeps
+    where every node gets the same job dir): Slurm's node name, else the short host name."""
+    name = host.environ.get("SLURMD_NODENAME") or host.hostname.split(".")[0]
+    if not _NODE_NAME.fullmatch(name) or name in (".", ".."):
+        name = "node"
+    return os.path.join(run_dir, name) if run_dir else run_dir
+
+
+def _check_known_keys(cfg: DictConfig) -> None:
+    """Keys forced in with `+key=value` compose, but the schema would drop them silently."""
+    known = set(schema.schema_keys())
+    prefixes = {k.rsplit(".", 1)[0] for k in known if "." in k}
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for key in node:
+            path = f"{prefix}{key!s}"
+            if path in ("env", "hp"):
+                continue
+            if path not in known and path not in prefixes:
+                raise unknown_key(path)
+            child = node._get_node(key)
+            if path in prefixes and isinstance(child, DictConfig):
+                walk(child, f"{path}.")
+
+    walk(cfg, "")
+
+
+def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
+    """Resolve a typed job config (see `resolve_config`)."""
+    _check_finite(conf)
+    topology = resolve_topology(conf, host.environ)
+    nproc, from_gpus = resolve_nproc(conf.nproc_per_node, host.machine)
+    _check_process_room(nproc, conf.nproc_per_node, host)
+    workers = resolve_devices(
+        nproc=nproc,
+        from_gpus=from_gpus,
+        gpus=conf.gpus,
+        policy=conf.devices,
+        sharing=conf.gpu_sharing,
+        cpu_bind=conf.cpu_bind,
+        machine=host.machine,
+        job_visible=conf.env.get("CUDA_VISIBLE_DEVICES"),
+    )
+    fresh = isinstance(topology.rdzv, Standalone)
+    return LaunchPlan(
+        entrypoint=resolve_entrypoint(conf, host),
+        nnodes=topology.nnodes,
+        nproc_per_node=nproc,
+        rdzv=topology.rdzv,
+        run_id=topology.run_id or (uuid.uuid4().hex if fresh else "none"),
+        role=resolve_role(conf.role),
+        local_addr=conf.local_addr or None,
+        restart=resolve_restart(conf.restart),
+        hang=resolve_hang(conf.hang),
+        logs=resolve_logs(conf.logs, nproc, several_nodes=topology.nnodes.max > 1),
+        stop_grace=seconds("stop_grace", conf.stop_grace, allow_zero=True),
+        monitor_interval=seconds("monitor_interval", conf.monitor_interval),
+        env=resolve_env(conf.env),
+        devices=workers,
+        run_dir=node_dir(run_dir, host) if topology.nnodes.max > 1 else run_dir,
+    )
+
+
+def _check_finite(conf: object, prefix: str = "") -> None:
+    """NaN passes every range check and infinity most: neither is a number of seconds."""
+    for f in dataclasses.fields(conf):  # type: ignore[arg-type]
+        value = getattr(conf, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(
+                f"{prefix}{f.name}", "is not a finite number", value, "expected a number, e.g. 30"
+            )
+
+
+def _check_process_room(nproc: int, given: object, host: Host) -> None:
+    if nproc > MAX_NPROC:
+        raise ConfigError(
+            "nproc_per_node", f"more than {MAX_NPROC} workers on one node", given,
+            f"expected 1..{MAX_NPROC}",
+        )  # fmt: skip
+    room = host.process_room()
+    if room is not None and nproc > room:
+        raise ConfigError(
+            "nproc_per_node", f"this machine can start only {max(room, 0)} more processes",
+            given, f"expected at most {max(room, 1)}",
+            "Raise the limit (ulimit -u, the cgroup's pids.max) or start fewer workers.",
+        )  # fmt: skip

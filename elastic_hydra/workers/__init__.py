@@ -1,0 +1,15 @@
+"""This node's worker processes: start, contain, tee, stop.
+
+- `supervise`: starts one attempt's workers, each in its own process group behind a gate that
+  opens once the agent knows its group (no window for an orphan); wakes on a child's exit; stops
+  with SIGTERM + SIGCONT, a grace, SIGKILL and a bounded wait.
+- `contain`: every descendant of the workers, daemons included, found and stopped at the end
+  (child subreaper, cgroup when there is one).
+- `console`: worker output to the console as whole lines with a rank prefix; a stalled terminal
+  costs console lines (counted), never log-file bytes.
+- `bootstrap`: runs inside the worker's interpreter (the standard library only): the user's
+  script as `__main__`, its uncaught exception recorded, faulthandler, progress for the hang
+  watch. Its frames are hidden from every traceback we show.
+
+Imports: agent (the seams it implements) and the root.
+"""

@@ -1,0 +1,423 @@
+"""Start, watch and stop one attempt's worker processes. Knows nothing of restarts or rendezvous.
+
+Each worker runs in its own session (so a stop reaches its grandchildren through the process group)
+and dies with the agent (PR_SET_PDEATHSIG). Exits are seen through pidfds in a selector, so a
+failure wakes the agent at once instead of at the next poll; the same selector pumps teed output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import functools
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from elastic_hydra.agent.seams import Exited
+from elastic_hydra.errors import LogWriteError, WorkerStartError
+from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
+from elastic_hydra.stopsignals import drain
+from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
+from elastic_hydra.workers.contain import Containment
+
+_PR_SET_PDEATHSIG = 1
+_KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    local_rank: int
+    rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    stdout: Path
+    stderr: Path
+    tee: bool  # copy output to the console (else the worker writes straight into the files)
+    prefix: bytes = b""
+    cpus: tuple[int, ...] | None = None  # CPU affinity; None: the agent's
+    pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (rank 0's store socket)
+
+
+# util-linux's setpriv sets the death signal and execs the worker: a ~1 ms C program, where a
+# Python preexec_fn forces a full fork of the agent (~10 ms per worker, measured).
+@functools.cache
+def _setpriv() -> str | None:
+    return shutil.which("setpriv")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+# The worker's first program after setpriv: it runs no code of the worker until the agent says so.
+# The death signal is armed by then, but the agent may have died just before: check the parent.
+# Then wait for the agent's go (one line on the gate, stdin): the agent sends it once the guard
+# knows the worker's group and the worker is in the launch's cgroup, so nothing the worker starts
+# can escape either. End of file means the agent died meanwhile. The line is read into a variable
+# of the shell's own (not `_`, which is inherited and exported: the worker would see `_=go`).
+_TRAMPOLINE = '[ "$PPID" = "$1" ] && read -r eh_go || exit 125; shift; exec "$@" </dev/null'
+
+
+def _launch_options(argv: tuple[str, ...]) -> tuple[list[str], Callable[[], None] | None]:
+    gated = ["/bin/sh", "-c", _TRAMPOLINE, "sh", str(os.getpid()), *argv]
+    if (setpriv := _setpriv()) is not None:
+        return [setpriv, "--pdeathsig", "KILL", "--", *gated], None
+    return gated, _die_with_parent(os.getpid())
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    libc = _libc()  # loaded here: the child runs between fork and exec
+
+    def child() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the agent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return child
+
+
+def _private_dirs(rank_dir: Path) -> None:
+    """attempt_<n>/<local_rank>/, private like the run dir."""
+    for directory in (rank_dir.parent, rank_dir):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=PRIVATE_DIR, parents=True)
+
+
+def _start_error(spec: WorkerSpec, exc: OSError) -> WorkerStartError:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    hint = {
+        errno.E2BIG: " An argument or the environment is too large for the kernel (one argument "
+        "may be at most 128 KiB): pass large values in a file.",
+        errno.EAGAIN: " The machine or the user's process limit is full (ulimit -u, pids.max).",
+        errno.ENOMEM: " The machine is out of memory.",
+    }.get(exc.errno or 0, "")
+    return WorkerStartError(
+        f"cannot start the worker of local rank {spec.local_rank}: {exc.strerror} ({name})"
+        f"{f' at {exc.filename}' if exc.filename else ''}.{hint}"
+    )
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, sink: ConsoleSink | None) -> None:
+        self.spec = spec
+        _private_dirs(spec.stdout.parent)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        out = os.open(spec.stdout, flags, PRIVATE_FILE)
+        err = os.open(spec.stderr, flags, PRIVATE_FILE)
+        self.files = {1: out, 2: err}
+        tee = spec.tee and sink is not None
+        argv, preexec = _launch_options(spec.argv)
+        gate, self._go = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                env=spec.env,
+                cwd=spec.cwd,
+                stdin=gate,
+                stdout=subprocess.PIPE if tee else out,
+                stderr=subprocess.PIPE if tee else err,
+                start_new_session=True,
+                pass_fds=spec.pass_fds,
+                preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
+            )
+        except OSError:
+            for fd in (out, err, self._go):
+                os.close(fd)
+            raise
+        finally:
+            os.close(gate)
+        self.pid = self.proc.pid
+        if spec.cpus:
+            # Set before the worker's program starts; its threads inherit it.
+            os.sched_setaffinity(self.pid, spec.cpus)
+        self.pidfd = os.pidfd_open(self.pid)
+        self.pipes: dict[int, tuple[int, LinePrefixer, IO[bytes]]] = {}
+        if tee:
+            assert sink is not None and self.proc.stdout and self.proc.stderr
+            for stream, pipe in ((1, self.proc.stdout), (2, self.proc.stderr)):
+                os.set_blocking(pipe.fileno(), False)
+                self.pipes[pipe.fileno()] = (stream, LinePrefixer(spec.prefix, sink, stream), pipe)
+        self.exited: Exited | None = None
+
+    def release(self, go: bool = True) -> None:
+        """Let the worker run its program (see _TRAMPOLINE), or, with go=False, make it exit."""
+        if self._go < 0:
+            return
+        if go:
+            with contextlib.suppress(BrokenPipeError):  # it died already: its exit tells the rest
+                os.write(self._go, b"go\n")
+        os.close(self._go)
+        self._go = -1
+
+    def paused(self) -> bool:
+        """Whether the worker is stopped (SIGSTOP, SIGTSTP, a debugger)."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        return stat[stat.rfind(b")") + 2 :].startswith((b"T", b"t"))
+
+    def group_alive(self) -> bool:
+        """Whether a live (non-zombie) process remains in the worker's process group."""
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # killpg also finds zombies, which no signal removes (e.g. a grandchild whose reaper,
+        # PID 1 of a container, never reaps): look for a member that is still running.
+        return any(_live_member(entry, self.pid) for entry in os.scandir("/proc"))
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+
+class GroupGuard:
+    """Kills the workers' whole process groups (grandchildren too) if the agent dies.
+
+    PR_SET_PDEATHSIG reaches the workers only. This ~1 ms shell process reads the groups to guard
+    from a pipe that only the agent holds: end of file without a clean `exit` means the agent is
+    gone (even by SIGKILL), and it SIGKILLs every group it was told about.
+    """
+
+    _SCRIPT = (
+        'while read -r g; do case $g in exit) exit 0;; reset) gs="";; *) gs="$gs $g";; esac; '
+        "done; for g in $gs; do kill -s KILL -- -$g 2>/dev/null; done; "
+        # Then whatever left the groups: the launch's cgroup, else the tagged environments.
+        'if [ -n "$1" ]; then echo 1 > "$1/cgroup.kill"; i=0; '
+        'until rmdir "$1" || [ $i -ge 100 ]; do sleep 0.05; i=$((i+1)); done; '
+        'else for p in /proc/[0-9]*; do grep -qsFxz -- "$2" "$p/environ" && '
+        'kill -s KILL "${p#/proc/}"; done; fi 2>/dev/null'
+    )
+
+    def __init__(self, containment: Containment) -> None:
+        read_fd, self._write_fd = os.pipe()  # not inherited by workers: EOF means agent death
+        self._proc = subprocess.Popen(
+            ["/bin/sh", "-c", self._SCRIPT, "guard", *containment.guard_args()],
+            stdin=read_fd,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to the terminal must not take the guard down
+        )
+        os.close(read_fd)
+
+    def _send(self, line: str) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            write_all(self._write_fd, f"{line}\n".encode())
+
+    def watch(self, pgid: int) -> None:
+        self._send(str(pgid))
+
+    def forget_all(self) -> None:
+        """The guarded groups are gone (their ids may be reused): drop them."""
+        self._send("reset")
+
+    def close(self) -> None:
+        self._send("exit")
+        os.close(self._write_fd)
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class LocalWorkers:
+    """One attempt's worker processes on this node."""
+
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        sink: ConsoleSink | None,
+        wake_fd: int,
+        guard: GroupGuard | None = None,
+        containment: Containment | None = None,
+        *,
+        hurry: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._guard = guard
+        self._hurry = hurry  # true once the user asked again: skip the rest of the grace
+        self._sel = selectors.DefaultSelector()
+        self._wake_fd = wake_fd
+        self._sel.register(wake_fd, selectors.EVENT_READ, None)
+        self.workers: list[_Worker] = []
+        self.paused: list[int] = []  # local ranks found stopped (SIGSTOP) when stop() began
+        self.log_error: OSError | None = None  # a log file that could not be written
+        self._log_error_seen = False
+        try:
+            for spec in specs:
+                self._start(spec, sink, containment)
+        except BaseException as exc:
+            self.stop(signal.SIGKILL, 0.0)
+            self.close()
+            if isinstance(exc, OSError):
+                raise _start_error(spec, exc) from exc
+            raise
+
+    def _start(
+        self, spec: WorkerSpec, sink: ConsoleSink | None, contain: Containment | None
+    ) -> None:
+        worker = _Worker(spec, sink)
+        self.workers.append(worker)
+        if contain is not None:
+            contain.add(worker.pid)
+        if self._guard is not None:
+            self._guard.watch(worker.pid)
+        self._sel.register(worker.pidfd, selectors.EVENT_READ, worker)
+        for fd in worker.pipes:
+            self._sel.register(fd, selectors.EVENT_READ, (worker, fd))
+        worker.release()
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
+
+    def running(self) -> list[int]:
+        return [w.spec.local_rank for w in self.workers if w.exited is None]
+
+    def wait(self, timeout: float | None) -> list[Exited]:
+        """Block until a worker exits, the wake fd is readable, or `timeout` (None: none) passes.
+
+        Teed output is forwarded meanwhile. Returns the workers that exited (possibly none).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            exited, woken = self._poll(left)
+            if self.log_error is not None and not self._log_error_seen:
+                self._log_error_seen = True  # once: the stop that follows keeps pumping
+                raise LogWriteError(self.log_error)
+            if exited or woken or (deadline is not None and time.monotonic() >= deadline):
+                return exited
+            if not self.running() and not any(w.pipes for w in self.workers):
+                return exited
+
+    def _poll(self, timeout: float | None) -> tuple[list[Exited], bool]:
+        exited: list[Exited] = []
+        woken = False
+        for key, _ in self._sel.select(timeout):
+            if key.data is None:
+                woken = True
+                drain(self._wake_fd)
+            elif isinstance(key.data, _Worker):
+                exited += self._reap(key.data)
+            else:
+                worker, fd = key.data
+                self._pump(worker, fd)
+        return exited, woken
+
+    def _reap(self, worker: _Worker) -> list[Exited]:
+        code = worker.proc.poll()
+        if code is None:
+            return []
+        self._sel.unregister(worker.pidfd)
+        os.close(worker.pidfd)
+        worker.exited = Exited(
+            local_rank=worker.spec.local_rank,
+            pid=worker.pid,
+            returncode=code,
+            wall_time=time.time(),
+            mono_time=time.monotonic(),
+        )
+        return [worker.exited]
+
+    def _pump(self, worker: _Worker, fd: int) -> None:
+        stream, prefixer, pipe = worker.pipes[fd]
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if data:
+            if self.log_error is None:
+                try:
+                    write_all(worker.files[stream], data)
+                except OSError as exc:  # a full disk: the job is stopped, see wait()
+                    self.log_error = exc
+            prefixer.feed(data)
+            return
+        prefixer.flush()
+        self._sel.unregister(fd)
+        del worker.pipes[fd]
+        pipe.close()
+
+    def stop(self, sig: int, grace: float) -> tuple[list[Exited], list[int]]:
+        """`sig` to every worker's process group, SIGKILL after `grace` s, bounded waits.
+
+        Returns the workers that exited meanwhile and the pids that would not die.
+        """
+        exited: list[Exited] = []
+        self.paused = [w.spec.local_rank for w in self.workers if w.exited is None and w.paused()]
+        for w in self.workers:
+            w.signal_group(sig)
+            w.signal_group(signal.SIGCONT)  # a stopped worker can only handle `sig` once resumed
+        exited += self._wait_groups(grace, hurry=self._hurry)
+        if any(w.group_alive() for w in self.workers):
+            for w in self.workers:
+                w.signal_group(signal.SIGKILL)
+            exited += self._wait_groups(_KILL_WAIT)
+        stuck = [w.pid for w in self.workers if w.exited is None or w.group_alive()]
+        return exited, stuck
+
+    def _wait_groups(
+        self, timeout: float, hurry: Callable[[], bool] = lambda: False
+    ) -> list[Exited]:
+        exited: list[Exited] = []
+        deadline = time.monotonic() + timeout
+        while any(w.exited is None or w.group_alive() for w in self.workers):
+            left = deadline - time.monotonic()
+            if left <= 0 or hurry():
+                break
+            # Grandchildren have no pidfd here: poll the groups at a short, bounded interval.
+            found, _ = self._poll(min(left, 0.02))
+            exited += found
+        return exited
+
+    def close(self) -> None:
+        """Forward what is left in the pipes, then release every descriptor."""
+        deadline = time.monotonic() + 1.0
+        while any(w.pipes for w in self.workers) and time.monotonic() < deadline:
+            self._poll(0.05)
+        for w in self.workers:
+            for fd, (_, prefixer, pipe) in list(w.pipes.items()):
+                prefixer.flush()
+                self._sel.unregister(fd)
+                pipe.close()
+            w.pipes.clear()
+            if w.exited is None:
+                self._sel.unregister(w.pidfd)
+                os.close(w.pidfd)
+            w.release(go=False)  # never released (its start failed half way): it exits
+            for fd in w.files.values():
+                os.close(fd)
+            # Reap: never leave zombies. One still running is stuck in the kernel (see stop()).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=0 if w.exited else 0.1)
+        if self._guard is not None and not any(w.group_alive() for w in self.workers):
+            self._guard.forget_all()
+        self._sel.close()
+
+
+def _live_member(entry: os.DirEntry[str], pgid: int) -> bool:
+    if not entry.name.isdigit():
+        return False
+    try:
+        with open(f"/proc/{entry.name}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # Fields after the command name (which may hold spaces): state ppid pgrp ...
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
