@@ -621,7 +621,7 @@ def test_concurrent_launches_get_distinct_run_dirs_ports_and_ids(tmp_path: Path)
 
 
 # ------------------------------------------------------------------------------------ 9 entrypoints
-BOOTSTRAP = str(REPO / "elastic_hydra" / "bootstrap.py")
+BOOTSTRAP = str(REPO / "elastic_hydra" / "workers" / "bootstrap.py")
 
 
 @pytest.mark.parametrize("bootstrap", [True, False])

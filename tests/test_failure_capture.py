@@ -27,7 +27,7 @@ from launch import launcher_env, run_raw
 pytestmark = pytest.mark.timeout(60)
 
 FAIL = str(WORKERS / "fail.py")
-BOOTSTRAP = str(REPO / "elastic_hydra" / "bootstrap.py")
+BOOTSTRAP = str(REPO / "elastic_hydra" / "workers" / "bootstrap.py")
 TORCH_RECORD_FILE = "torch/distributed/elastic/multiprocessing/errors/__init__.py"
 LAUNCH_TIMEOUT = 30  # seconds for one launch that ends by itself
 PLAIN_TIMEOUT = 20  # seconds for one plain `python script.py`

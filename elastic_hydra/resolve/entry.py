@@ -19,7 +19,10 @@ from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import Command, Entrypoint, PythonModule, PythonScript
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
-BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+# The bootstrap is run (as a file), not imported: it lives with the worker processes.
+BOOTSTRAP = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers", "bootstrap.py"
+)
 
 
 def _executable(path: str) -> bool:
