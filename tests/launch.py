@@ -33,13 +33,13 @@ def invocation(*argv: str) -> Invocation:
 def compose(*argv: str) -> DictConfig:
     """The job config a launch of `elastic-hydra ARGV` runs."""
     cfg, _ = boundary.compose(invocation(*argv))
-    return cfg
+    return cfg.dictconfig
 
 
 def plan_of(*argv: str) -> LaunchPlan:
     """The plan a launch of `elastic-hydra ARGV` runs (the one `--plan` prints)."""
     cfg, ctx = boundary.compose(invocation(*argv))
-    return job.plan_of(cfg, ctx)
+    return job.plan_of(cfg.job(), ctx)
 
 
 def resolved(cfg: DictConfig) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from launch import ELASTIC_HYDRA, compose, invocation, launcher_env, resolved, r
 from omegaconf import OmegaConf
 
 from elastic_hydra.cli.main import main
+from elastic_hydra.config.composed import composed_job
 from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
 from elastic_hydra.records import RunSummary
 from elastic_hydra.resolve.entry import BOOTSTRAP
@@ -67,7 +68,7 @@ def test_script_args_are_kept_apart_and_survive_byte_for_byte(workdir: Path) -> 
     assert inv.script_args == tuple(TRICKY_ARGS)
     cfg = compose("script=train.py", "nproc_per_node=1", "--", *TRICKY_ARGS)
     assert resolved(cfg)["args"] == TRICKY_ARGS
-    plan = resolve_config(cfg)
+    plan = resolve_config(composed_job(cfg))
     assert isinstance(plan.entrypoint, PythonScript)
     assert plan.entrypoint.args == tuple(TRICKY_ARGS)
     assert plan.argv[-len(TRICKY_ARGS) :] == tuple(TRICKY_ARGS)
@@ -414,7 +415,7 @@ def test_resilient_example_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
     assert container["nnodes"] == "1"  # quoted in the file: a string, not YAML's integer
-    plan = resolve_config(cfg)
+    plan = resolve_config(composed_job(cfg))
     assert plan.argv[-2:] == ("--greeting", "bonjour")
     assert plan.nnodes == NodeRange(min=1, max=1) and plan.nproc_per_node == 2
     assert plan.restart.max_restarts == 3

@@ -15,6 +15,7 @@ import pytest
 from launch import compose, plan_of
 
 from elastic_hydra.cli.main import main
+from elastic_hydra.config.composed import composed_job
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.plan import Command, Dynamic, NodeRange, PythonScript, Standalone, Static
 from elastic_hydra.resolve.entry import BOOTSTRAP
@@ -488,7 +489,7 @@ def test_nnodes_forms(job_dir: Path, overrides: list[str], expected: NodeRange) 
 def test_quoted_range_in_job_file(job_dir: Path) -> None:
     (job_dir / "quoted.yaml").write_text(BASE + 'nnodes: "2:4"\n')
     cfg = compose("quoted.yaml", "rdzv=c10d", *SHARED)
-    assert resolve_config(cfg).nnodes == NodeRange(min=2, max=4)
+    assert resolve_config(composed_job(cfg)).nnodes == NodeRange(min=2, max=4)
 
 
 @pytest.mark.parametrize("backend", ["c10d", "etcd-v2", "etcd"])

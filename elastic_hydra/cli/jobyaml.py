@@ -14,17 +14,16 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from elastic_hydra.config import boundary
 from elastic_hydra.config.boundary import JobContext
+from elastic_hydra.config.composed import Composed, to_yaml
 from elastic_hydra.config.invocation import Invocation, job_flags
 from elastic_hydra.redact import redact, redact_override
 
 _SAME = object()  # `_changes` found no difference
 
 
-def job_yaml(inv: Invocation, cfg: DictConfig, ctx: JobContext) -> str:
+def job_yaml(inv: Invocation, cfg: Composed, ctx: JobContext) -> str:
     """The YAML of a job file equivalent to the command `inv` (composed as `cfg`, `ctx`).
 
     With a job file in the command, the keys and group choices to add to that file instead.
@@ -36,7 +35,7 @@ def job_yaml(inv: Invocation, cfg: DictConfig, ctx: JobContext) -> str:
     groups = _changed_groups(ctx.hydra_cfg, boundary.compose(base)[1].hydra_cfg)
     chosen = tuple(f"{group}={option}" for group, option in groups.items())
     reference, _ = boundary.compose(Invocation(flags=base.flags, overrides=chosen, job=inv.job))
-    keys = _changes(_plain(cfg), _plain(reference))
+    keys = _changes(cfg.unresolved(), reference.unresolved())
     doc: dict[str, Any] = {}
     overrides = [{f"override {group}": option} for group, option in groups.items()]
     if inv.job is None:
@@ -45,7 +44,7 @@ def job_yaml(inv: Invocation, cfg: DictConfig, ctx: JobContext) -> str:
     hydra_keys = _hydra_overrides(inv, ctx)
     if hydra_keys:
         doc["hydra"] = hydra_keys
-    body = OmegaConf.to_yaml(OmegaConf.create(redact(doc)))
+    body = to_yaml(redact(doc))
     return _header(inv, [f"  - override {g}: {o}" for g, o in groups.items()]) + body
 
 
@@ -62,10 +61,6 @@ def _header(inv: Invocation, group_lines: list[str]) -> str:
         if group_lines:
             lines += ["# Its defaults list also needs:", *(f"# {line}" for line in group_lines)]
     return "\n".join(lines) + "\n"
-
-
-def _plain(cfg: DictConfig) -> Any:
-    return OmegaConf.to_container(cfg, resolve=False)
 
 
 def _changed_groups(hydra_cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, str]:

@@ -213,7 +213,8 @@ def show_plan(inv: Invocation) -> int:
             "--plan", "shows one launch", "hydra.mode=MULTIRUN",
             "the job sets hydra.mode: MULTIRUN; pick one value per key and add hydra.mode=RUN",
         )  # fmt: skip
-    plan = job.plan_of(cfg, ctx)
+    checked = cfg.job()
+    plan = job.plan_of(checked, ctx)
     if inv.plan == "json":
         print(json.dumps(job.plan_dict(plan), indent=2))
         return 0
@@ -225,7 +226,7 @@ def show_plan(inv: Invocation) -> int:
     from elastic_hydra.report import render
 
     render.print_plan(plan, run_dir_hint=f"{ctx.run_dir} (created at launch)")
-    _plan_notes(inv, plan, len(cfg.get("args") or []))
+    _plan_notes(inv, plan, len(checked.conf.args))
     if inv.torchrun:  # the command as a file to commit
         print(f"\n{YAML_HEADING}\n{jobyaml.job_yaml(inv, cfg, ctx)}", end="")
     return 0

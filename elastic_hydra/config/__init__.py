@@ -2,10 +2,14 @@
 
 A job is a YAML file that Hydra composes with our presets (`conf/`, shipped as
 `elastic_hydra.conf`) and the user's overrides. This folder is the only importer of hydra and
-omegaconf (`resolve.resolver`, `launch.job` and `cli.jobyaml` read a composed `DictConfig`):
+omegaconf: the boundary hands each composed job on as a `Composed`, which the rest reads as plain
+values; no module outside this folder touches a `DictConfig`.
 
 - `boundary`: the one `compose()` for a launch, `--plan`, each sweep job and the tests, on one
   search path; the only user of Hydra's internals, checked against the supported releases.
+- `composed`: a composed job as plain values: `Composed.job()` checks it against the schema
+  and builds the `ComposedJob` (the typed `ElasticHydraConf`, the config unresolved and resolved
+  once, the hash the nodes compare); `to_yaml` writes the saved files.
 - `schema`: the typed `*Conf` dataclasses registered in Hydra's ConfigStore, with a help line per
   key (the keys table of the docs is generated from it).
 - `invocation`: one parsed command line as the boundary reads it, and the quoting that keeps a

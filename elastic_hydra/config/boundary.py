@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from elastic_hydra import slurm
 from elastic_hydra.config import schema
+from elastic_hydra.config.composed import Composed
 from elastic_hydra.config.invocation import HydraFlags, Invocation, escape_interpolation
 from elastic_hydra.config.schema import CONF_MODULE
 from elastic_hydra.errors import ConfigError
@@ -136,15 +137,15 @@ class JobContext:
 class JobRunner(Protocol):
     """What runs the jobs Hydra composes (see `job.JobRunner`)."""
 
-    def prepare(self, cfg: DictConfig, ctx: JobContext) -> Any:
+    def prepare(self, cfg: Composed, ctx: JobContext) -> Any:
         """Check a plain run and make its run dir, before Hydra's job runner writes anything."""
 
-    def __call__(self, cfg: DictConfig, ctx: JobContext, prepared: Any) -> Any:
+    def __call__(self, cfg: Composed, ctx: JobContext, prepared: Any) -> Any:
         """Run one job; `prepared` is `prepare`'s value, or None for a sweep's job. What it
         returns reaches the submitting side in Hydra's JobReturn (see `run`)."""
 
 
-def compose(inv: Invocation) -> tuple[DictConfig, JobContext]:
+def compose(inv: Invocation) -> tuple[Composed, JobContext]:
     """The job's config and context exactly as a launch gets them, creating nothing.
 
     Raises:
@@ -253,7 +254,7 @@ def _compose(app: Any, inv: Invocation, *, logging: bool) -> DictConfig:
     return cfg
 
 
-def _job_view(cfg: DictConfig, inv: Invocation) -> tuple[DictConfig, JobContext]:
+def _job_view(cfg: DictConfig, inv: Invocation) -> tuple[Composed, JobContext]:
     """Split a composed config into the job's config and its context, as Hydra's job runner does.
 
     The run dir is computed (not created) from `hydra.run.dir`, with ${hydra:...} set up for it.
@@ -265,7 +266,7 @@ def _job_view(cfg: DictConfig, inv: Invocation) -> tuple[DictConfig, JobContext]
     task_cfg = copy.deepcopy(cfg)
     with open_dict(task_cfg):
         del task_cfg["hydra"]
-    return _with_script_args(task_cfg, inv), _context(cfg.hydra, inv, Path(run_dir))
+    return Composed(_with_script_args(task_cfg, inv)), _context(cfg.hydra, inv, Path(run_dir))
 
 
 def _context(hc: Any, inv: Invocation, run_dir: Path) -> JobContext:
@@ -337,7 +338,7 @@ class HydraTask:
     def __call__(self, cfg: DictConfig) -> Any:
         hc = HydraConfig.get()
         ctx = _context(hc, self.inv, Path(hc.runtime.output_dir))
-        return self.runner(_with_script_args(cfg, self.inv), ctx, None)
+        return self.runner(Composed(_with_script_args(cfg, self.inv)), ctx, None)
 
 
 def _via_hydra_main(inv: Invocation, runner: JobRunner) -> None:

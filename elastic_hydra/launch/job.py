@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from elastic_hydra import stopsignals
 from elastic_hydra.config import boundary
 from elastic_hydra.config.boundary import JobContext
+from elastic_hydra.config.composed import Composed, ComposedJob, to_yaml
 from elastic_hydra.config.invocation import Invocation
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.plan import LaunchPlan, to_dict
@@ -62,18 +61,21 @@ def run_command(inv: Invocation) -> int:
     return results[-1].exit_code if results else 0
 
 
-def plan_of(cfg: DictConfig, ctx: JobContext) -> LaunchPlan:
+def plan_of(job: ComposedJob, ctx: JobContext) -> LaunchPlan:
     """The plan of a composed job (the dry run's and the launch's).
 
     Raises:
         ConfigError: bad input.
     """
-    return resolve_config(cfg, run_dir=str(ctx.run_dir))
+    return resolve_config(job, run_dir=str(ctx.run_dir))
 
 
 def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
     """plan.json's content: the plan, secret values of its extra environment masked."""
     return {**to_dict(plan), "env": redact_env(plan.env)}
+
+
+Prepared = tuple[ComposedJob, LaunchPlan, RunDir]  # a plain run's, checked before Hydra's runner
 
 
 @dataclass(slots=True)
@@ -82,23 +84,25 @@ class JobRunner:
 
     results: list[JobResult] = field(default_factory=list)
 
-    def prepare(self, cfg: DictConfig, ctx: JobContext) -> tuple[LaunchPlan, RunDir]:
+    def prepare(self, cfg: Composed, ctx: JobContext) -> Prepared:
         """Resolve a plain run and make its private run dir, before anything else is written.
 
         Raises:
             ConfigError: bad input, or a `logs.root` where no run dir can be made; nothing is left.
         """
-        plan = plan_of(cfg, ctx)
+        job = cfg.job()
+        plan = plan_of(job, ctx)
+        root = job.conf.logs.root
         try:
-            run = RunDir.create(ctx.run_dir, logs_root=Path(str(cfg.logs.root)))
+            run = RunDir.create(ctx.run_dir, logs_root=Path(root))
         except OSError as exc:
             raise ConfigError(
                 "logs.root",
                 f"cannot make the run directory {exc.filename or ctx.run_dir} ({exc.strerror})",
-                cfg.logs.root,
+                root,
                 "expected a writable directory, e.g. logs.root=$HOME/eh_logs",
             ) from None
-        return plan, run
+        return job, plan, run
 
     def with_returned(self, returned: list[Any]) -> list[JobResult]:
         """The results of the jobs run here, then those that ran elsewhere (Hydra's launcher
@@ -107,25 +111,24 @@ class JobRunner:
         elsewhere = [r for r in returned if isinstance(r, JobResult) and r.run_dir not in seen]
         return [*self.results, *elsewhere]
 
-    def __call__(
-        self, cfg: DictConfig, ctx: JobContext, prepared: tuple[LaunchPlan, RunDir] | None
-    ) -> JobResult:
+    def __call__(self, cfg: Composed, ctx: JobContext, prepared: Prepared | None) -> JobResult:
         if prepared is None:  # a sweep's job, in the dir Hydra's launcher made
             run = RunDir(ctx.run_dir)
             run.make_private()
             try:
-                plan = plan_of(cfg, ctx)
+                job = cfg.job()
+                plan = plan_of(job, ctx)
             except ConfigError as exc:
                 # Reported here, not raised: Hydra would add its own line, and a sweep must go on.
                 print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
-                save_config(run, cfg, ctx)
+                save_config(run, ctx, cfg.unresolved())
                 return self._record(_result(ctx, EXIT_CONFIG, exc.line()))
         else:
-            plan, run = prepared
+            job, plan, run = prepared
         if plan.run_dir != str(run.root):  # one of several nodes: its own dir in the job's
             run = RunDir(Path(plan.run_dir))
             run.root.mkdir(mode=PRIVATE_DIR, exist_ok=True)
-        save_config(run, cfg, ctx, plan)
+        save_config(run, ctx, job.unresolved, (job.resolved, plan))
         if (signum := stopsignals.pending_signal()) is not None:  # stopped before anything ran
             self._record(_result(ctx, 128 + signum, "stopped before the launch", run=run))
             raise SweepStopped(128 + signum)
@@ -168,21 +171,26 @@ def _result(
 
 
 def save_config(
-    run: RunDir, cfg: DictConfig, ctx: JobContext, plan: LaunchPlan | None = None
+    run: RunDir,
+    ctx: JobContext,
+    unresolved: dict[str, Any],
+    planned: tuple[dict[str, Any], LaunchPlan] | None = None,
 ) -> None:
-    """Hydra's saved config (.hydra/), the plan and the config resolved once, secrets masked.
+    """Hydra's saved config (.hydra/), and for a job that resolved, the config resolved once and
+    its plan (`planned`); secrets masked.
 
-    Resolved once here, so workers that use Hydra see one set of values (e.g. one ${now:}).
+    Resolved once (`ComposedJob.resolved`), so workers that use Hydra see one set of values
+    (e.g. one ${now:}).
     """
     run.hydra_dir.mkdir(mode=PRIVATE_DIR, exist_ok=True)
     saved: dict[Path, Any] = {
-        run.saved_config: OmegaConf.to_container(cfg, resolve=False),
+        run.saved_config: unresolved,
         run.saved_hydra: {"hydra": ctx.hydra_cfg},
         run.saved_overrides: ctx.overrides,
     }
-    if plan is not None:
-        saved[run.config] = OmegaConf.to_container(cfg, resolve=True)
+    if planned is not None:
+        saved[run.config] = planned[0]
     for path, data in saved.items():
-        write_private(path, OmegaConf.to_yaml(OmegaConf.create(redact(data))))
-    if plan is not None:
-        write_private(run.plan, json.dumps(plan_dict(plan), indent=2) + "\n")
+        write_private(path, to_yaml(redact(data)))
+    if planned is not None:
+        write_private(run.plan, json.dumps(plan_dict(planned[1]), indent=2) + "\n")

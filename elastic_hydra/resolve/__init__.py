@@ -1,7 +1,8 @@
 """Typed config -> frozen `LaunchPlan`: the only validator of user values.
 
-`resolver.resolve_config` takes the composed config and returns the plan every later step reads,
-or raises `ConfigError` naming the key, the value and the fix. Its parts:
+`resolver.resolve_config` takes the composed job (typed by `config.composed`) and returns the
+plan every later step reads, or raises `ConfigError` naming the key, the value and the fix. Its
+parts:
 
 - `entry`: `script=`, `module=` or `cmd=`, its arguments and the Python that runs it.
 - `topology`: how many nodes and how they meet (rendezvous backend, endpoint, Slurm).

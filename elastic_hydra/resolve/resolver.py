@@ -1,21 +1,19 @@
-"""Composed config -> validated, frozen `LaunchPlan`. All configuration checks live in resolve_*:
+"""Typed config -> validated, frozen `LaunchPlan`. All checks of values live in resolve_*:
 
-    resolve            the typed config from the composed one, and the plan from its parts
+    resolve            the plan from its parts (`resolve_config`: of a composed job, with its hash)
     resolve_entry      the entrypoint (script, module or cmd) and its arguments
     resolve_topology   nodes and rendezvous (slurm resolves straight to c10d)
     resolve_runtime    restart policy, logs, environment, role, durations
     resolve_gpus       workers per node and each worker's devices
 
-Every problem raises `ConfigError` naming the key, the value and the fix; `config_errors` turns
-Hydra's and OmegaConf's own composition errors into the same one-line form.
+Every problem raises `ConfigError` naming the key, the value and the fix. The checks against the
+schema (types, unknown keys) are composition's, in `config.composed`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
 import re
@@ -24,11 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from elastic_hydra.config import schema
-from elastic_hydra.config.explain import from_omegaconf, unknown_key
+from elastic_hydra.config.composed import ComposedJob
 from elastic_hydra.config.schema import ElasticHydraConf
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import LaunchPlan, Standalone
@@ -72,41 +66,14 @@ class Host(HostFacts):
         )
 
 
-def resolve_config(cfg: DictConfig, *, run_dir: str = "", host: Host | None = None) -> LaunchPlan:
-    """Validate a composed job config and resolve it into a plan.
+def resolve_config(job: ComposedJob, *, run_dir: str = "", host: Host | None = None) -> LaunchPlan:
+    """Resolve a composed job (checked and typed by `Composed.job`) into a plan.
 
     Raises:
         ConfigError: the first problem found, as one line.
     """
-    if OmegaConf.get_type(cfg) is not ElasticHydraConf:
-        raise ConfigError(
-            "defaults", "the job does not include elastic_hydra_base", "<untyped job>",
-            "expected a defaults list that starts with elastic_hydra_base",
-            "See examples/jobs/hello.yaml.",
-        )  # fmt: skip
-    _check_known_keys(cfg)
-    try:
-        conf = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as exc:
-        raise from_omegaconf(exc) from None
-    assert isinstance(conf, ElasticHydraConf)
-    plan = resolve(conf, run_dir=run_dir, host=host or Host.current())
-    return dataclasses.replace(plan, config_hash=config_hash(cfg))
-
-
-# What every node's workers must agree on. Node-local keys (logs, devices, nproc_per_node,
-# local_addr...) may differ between nodes, as they may under torchrun.
-JOB_KEYS = ("script", "module", "cmd", "args", "hp")
-
-
-def config_hash(cfg: DictConfig) -> str:
-    """A digest of the job's program and arguments, resolved: a `${now:}` in them, evaluated
-    once per node, makes the nodes disagree."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    data = {k: resolved.get(k) for k in JOB_KEYS}
-    text = json.dumps(data, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    plan = resolve(job.conf, run_dir=run_dir, host=host or Host.current())
+    return dataclasses.replace(plan, config_hash=job.config_hash)
 
 
 def node_dir(run_dir: str, host: Host) -> str:
@@ -116,25 +83,6 @@ def node_dir(run_dir: str, host: Host) -> str:
     if not _NODE_NAME.fullmatch(name) or name in (".", ".."):
         name = "node"
     return os.path.join(run_dir, name) if run_dir else run_dir
-
-
-def _check_known_keys(cfg: DictConfig) -> None:
-    """Keys forced in with `+key=value` compose, but the schema would drop them silently."""
-    known = set(schema.schema_keys())
-    prefixes = {k.rsplit(".", 1)[0] for k in known if "." in k}
-
-    def walk(node: DictConfig, prefix: str) -> None:
-        for key in node:
-            path = f"{prefix}{key!s}"
-            if path in ("env", "hp"):
-                continue
-            if path not in known and path not in prefixes:
-                raise unknown_key(path)
-            child = node._get_node(key)
-            if path in prefixes and isinstance(child, DictConfig):
-                walk(child, f"{path}.")
-
-    walk(cfg, "")
 
 
 def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
