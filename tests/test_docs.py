@@ -2,11 +2,12 @@
 nav, every link and every path of the repository they name exists, the tables copied from the
 code equal it, and the commands they show run.
 
-A runnable command is a line that starts with `$ ` inside a ```console block (the convention is
-written down in docs/development.md): `$ [NAME=value ...] elastic-hydra ...`, continued on the
-next line after a trailing backslash, expected to exit 0 or the code of a trailing `# exit N`. The
-commands of a page run in order, without a shell, in one scratch directory holding a copy of
-examples/. An `elastic-hydra: error:` line shown under a command is what it printed.
+A runnable command is a line that starts with `$ ` inside a ```console block of README.md or of
+a page (the convention is written down in docs/development.md): `$ [NAME=value ...]
+elastic-hydra ...`, continued on the next line after a trailing backslash, expected to exit 0 or
+the code of a trailing `# exit N`. The commands of a page run in order, without a shell, in one
+scratch directory holding a copy of examples/. An `elastic-hydra: error:` line shown under a
+command is what it printed.
 """
 
 from __future__ import annotations
@@ -252,13 +253,13 @@ def console_commands(page: Path) -> list[Command]:
     return commands
 
 
-RUNNABLE = [p for p in PAGES if console_commands(p)]
+RUNNABLE = [p for p in markdown_files() if console_commands(p)]
 
 
 def test_the_pages_show_runnable_commands() -> None:
     # Not vacuous: the first steps, failures, refusals and torchrun's form are all run.
     names = {p.name for p in RUNNABLE}
-    assert {"getting-started.md", "runs-and-failures.md", "coming-from-torchrun.md"} <= names
+    assert {"README.md", "getting-started.md", "runs-and-failures.md"} <= names
     codes = {c.exit_code for p in RUNNABLE for c in console_commands(p)}
     assert {0, 1, 2} <= codes
 
