@@ -1,10 +1,13 @@
-"""Developer sessions: `nox -s lint typecheck tests`; `nox -s bench bench_pool` benchmark."""
+"""Developer sessions: `nox -s lint typecheck tests hydra_range docs`; `nox -s bench bench_pool`
+benchmark."""
 
 from __future__ import annotations
 
+import os
+
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "hydra_range"]
+nox.options.sessions = ["lint", "typecheck", "tests", "hydra_range", "docs"]
 nox.options.reuse_existing_virtualenvs = True
 
 # Pinned: this version is the local CPU wheel; an unpinned torch pulls GBs of CUDA packages.
@@ -48,6 +51,19 @@ def hydra_range(session: nox.Session, hydra: str) -> None:
     """The command-line tests against the oldest and the newest supported hydra-core."""
     session.install("-e", ".[test]", TORCH, "python-etcd", ETCD, f"hydra-core=={hydra}")
     session.run("pytest", "-p", "no:cacheprovider", *CLI_TESTS, *session.posargs)
+
+
+# The docs site's builder; the theme is mkdocs' own, so the build needs no network.
+MKDOCS = "mkdocs>=1.6,<2"
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The docs (mkdocs.yml, docs/) built strictly: a broken link or anchor, or a page missing
+    from the nav, fails. The site goes to the session's temporary directory."""
+    session.install(MKDOCS)
+    site = os.path.join(session.create_tmp(), "site")
+    session.run("mkdocs", "build", "--strict", "--clean", "--site-dir", site)
 
 
 @nox.session(python=PYTHON)

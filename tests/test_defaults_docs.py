@@ -1,5 +1,5 @@
-"""Defaults and help have one source, the schema: README's key table, `--help` and the plan's own
-defaults are checked against it."""
+"""Defaults and help have one source, the schema: the keys table of the docs (docs/job-files.md),
+`--help` and the plan's own defaults are checked against it."""
 
 from __future__ import annotations
 
@@ -15,20 +15,21 @@ from launch import plan_of
 from elastic_hydra.config import schema
 from elastic_hydra.plan import LaunchPlan
 
+JOB_FILES_PAGE = REPO / "docs" / "job-files.md"
 START = (
-    "<!-- keys: generated from elastic_hydra/schema.py; "
+    "<!-- keys: generated from elastic_hydra/config/schema.py; "
     "tests/test_defaults_docs.py keeps it equal -->"
 )
 END = "<!-- keys: end -->"
 REGENERATE = (
-    "README's key table drifted from the schema; paste the output of\n"
-    "  python -c 'from elastic_hydra import schema; print(schema.keys_markdown())'\n"
+    "the keys table of docs/job-files.md drifted from the schema; paste the output of\n"
+    "  python -c 'from elastic_hydra.config import schema; print(schema.keys_markdown())'\n"
     f"between the lines {START!r} and {END!r}"
 )
 
 
-def test_readmes_key_table_is_the_schemas() -> None:
-    text = (REPO / "README.md").read_text()
+def test_the_docs_keys_table_is_the_schemas() -> None:
+    text = JOB_FILES_PAGE.read_text()
     table = text[text.index(START) + len(START) : text.index(END)].strip()
     assert table == schema.keys_markdown(), REGENERATE
 

@@ -3,7 +3,7 @@
 Each case runs the same plain-Python worker under `torchrun --standalone` and under
 `elastic-hydra`, injects one fault, and records what each launcher did in a table printed at the
 end (`pytest -s`) and written to `<tmp>/faults.md`. Only elastic-hydra's behaviour is asserted:
-torchrun's column documents the reference (README's hardening table comes from here).
+torchrun's column documents the reference (docs/hardening.md's fault table comes from here).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each case runs `tests/workers/dump_env.py` under `python -m torch.distributed.ru
 every agent of a multi-node case started side by side on 127.0.0.1), and compares what the
 workers saw: the variables test_torch_parity requires to be equal, equal; per-launch values
 (ports, fresh run ids) of the same form; the script's argv byte for byte. Known differences by
-design are listed in test_torch_parity's docstring and README's "Coming from torchrun".
+design are listed in test_torch_parity's docstring and in docs/coming-from-torchrun.md.
 
 Then the command as a file: the job YAML `--plan` prints for a torchrun-style command composes to
 the same plan as the command itself, and a launch runs the plan `--plan` showed.
