@@ -14,7 +14,7 @@ from elastic_hydra.agent.outcome import Status, WorkerExit
 from elastic_hydra.plan import Endpoint
 from elastic_hydra.records import HangRecord, PeerFailure
 
-if TYPE_CHECKING:  # events names ChangeKind below: a cycle at run time
+if TYPE_CHECKING:  # events imports ChangeKind from here: at run time, a cycle
     from elastic_hydra.agent.events import Event
 
 
@@ -81,7 +81,7 @@ class Observer(Protocol):
     """Where the loop tells what happens (the run's timeline, the console's progress lines)."""
 
     def emit(self, event: Event) -> None:
-        """One event, as it happens; it carries its own time from the loop's clock."""
+        """One event, as it happens (it carries the time it happened)."""
 
 
 class Rendezvous(Protocol):
