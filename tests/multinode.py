@@ -16,6 +16,9 @@ from typing import Any
 
 from conftest import ELASTIC_HYDRA, WORKERS, wait_for
 
+from elastic_hydra.agent.events import Event
+from elastic_hydra.report.events_file import read_events
+
 # Small torch rendezvous timings so that membership changes take seconds, not minutes.
 FAST = (
     "rdzv.last_call_timeout=1",
@@ -38,12 +41,12 @@ class Agent:
         (path,) = self.root.glob("**/summary.json")
         return json.loads(path.read_text())  # type: ignore[no-any-return]
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Event]:
+        """This agent's events so far (a line it is writing now is skipped)."""
         paths = list(self.root.glob("**/events.jsonl"))
         if not paths:
             return []
-        lines = paths[0].read_text().splitlines()
-        return [json.loads(line) for line in lines if line.endswith("}")]
+        return list(read_events(paths[0]).events)
 
 
 @dataclass

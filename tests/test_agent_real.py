@@ -30,6 +30,10 @@ import yaml  # type: ignore[import-untyped]
 from conftest import ELASTIC_HYDRA, REPO, WORKERS, wait_for
 from launch import launcher_env, on_a_terminal, run_raw, started
 
+from elastic_hydra.agent.events import Event, Finish, SignalReceived, WorkerExited, WorkersStarted
+from elastic_hydra.agent.outcome import Status
+from elastic_hydra.report import events_file
+
 pytestmark = pytest.mark.timeout(60)
 
 SLEEPER = str(WORKERS / "sleeper.py")
@@ -80,15 +84,19 @@ def find_run_dir(logs_root: Path) -> Path:
     return found[0].parent
 
 
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
+def read_events(run_dir: Path, *, live: bool = False) -> list[Event]:
+    """The run's events, through the reader `report` uses; every line of a run that ended reads
+    (a live run's last line may be half written)."""
     path = run_dir / "events.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    read = events_file.read_events(path)
+    assert live or read.skipped() is None, read.skipped()
+    return list(read.events)
 
 
-def kinds(events: list[dict[str, Any]]) -> list[str]:
-    return [e["event"] for e in events]
+def kinds(events: list[Event]) -> list[str]:
+    return [e.kind.value for e in events]
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
@@ -122,13 +130,15 @@ def test_success_writes_run_dir_events_and_overrides(tmp_path: Path) -> None:
         "joining", "rendezvous", "workers_started", "worker_exited", "worker_exited", "finish"
     ]  # fmt: skip
     for event in events:
-        assert isinstance(event["time"], float) and isinstance(event["monotonic"], float)
-    monotonic = [e["monotonic"] for e in events]
+        assert isinstance(event.wall_time, float) and isinstance(event.mono_time, float)
+    monotonic = [e.mono_time for e in events]
     assert monotonic == sorted(monotonic)
-    pids = events[2]["pids"]
+    assert isinstance(events[2], WorkersStarted)
+    pids = events[2].pids
     assert len(pids) == 2 and len(set(pids)) == 2
-    assert {e["pid"] for e in events if e["event"] == "worker_exited"} == set(pids)
-    assert events[-1]["status"] == "succeeded" and events[-1]["exit_code"] == 0
+    assert {e.pid for e in events if isinstance(e, WorkerExited)} == set(pids)
+    assert isinstance(events[-1], Finish)
+    assert events[-1].status is Status.SUCCEEDED and events[-1].exit_code == 0
 
     # The script got its arguments byte for byte, and Hydra recorded them.
     for rank in (0, 1):
@@ -329,8 +339,8 @@ def test_stop_is_not_stalled_by_zombie_grandchild(tmp_path: Path) -> None:
         kill_leftovers(marker_pids(markers))
     assert proc.returncode == 1, proc.stderr.decode(errors="replace")
     run_dir = find_run_dir(tmp_path / "eh_logs")
-    exits = {e["rank"]: e for e in read_events(run_dir) if e["event"] == "worker_exited"}
-    stop_took = exits[0]["monotonic"] - exits[1]["monotonic"]
+    exits = {e.rank: e for e in read_events(run_dir) if isinstance(e, WorkerExited)}
+    stop_took = exits[0].mono_time - exits[1].mono_time
     assert summary(run_dir)["stuck_pids"] == []
     assert stop_took < 1.5, f"stopping a worker whose grandchild died took {stop_took:.1f} s"
 
@@ -397,13 +407,13 @@ def test_signal_to_agent_stops_everything(tmp_path: Path, sig: signal.Signals) -
     assert result["exit_code"] == 128 + sig
     assert result["signal"] == signal.Signals(sig).name
     events = read_events(run_dir)
-    assert events[-1]["event"] == "finish"
-    assert events[-1]["status"] == "stopped" and events[-1]["exit_code"] == 128 + sig
-    assert any(e["event"] == "signal" and e["signal"] == sig.name for e in events)
-    exits = [e for e in events if e["event"] == "worker_exited"]
-    assert sorted(e["pid"] for e in exits) == sorted(pids)
-    assert all(e["terminated_by_launcher"] for e in exits)
-    assert all(e["returncode"] == -sig for e in exits)  # the same signal was forwarded
+    assert isinstance(events[-1], Finish)
+    assert events[-1].status is Status.STOPPED and events[-1].exit_code == 128 + sig
+    assert any(isinstance(e, SignalReceived) and e.signal == sig.name for e in events)
+    exits = [e for e in events if isinstance(e, WorkerExited)]
+    assert sorted(e.pid for e in exits) == sorted(pids)
+    assert all(e.terminated_by_launcher for e in exits)
+    assert all(e.returncode == -sig for e in exits)  # the same signal was forwarded
 
 
 def _maps(pid: int) -> str:
@@ -467,7 +477,9 @@ def test_sigterm_during_restart_backoff_exits_at_once(tmp_path: Path) -> None:
         cwd=tmp_path,
     ) as agent:
         run_dir = find_run_dir(tmp_path / "eh_logs")
-        wait_for(lambda: "restart" in kinds(read_events(run_dir)), 20, "the restart event")
+        wait_for(
+            lambda: "restart" in kinds(read_events(run_dir, live=True)), 20, "the restart event"
+        )
         began = time.monotonic()
         agent.send_signal(signal.SIGTERM)
         _, err = agent.communicate(timeout=20)

@@ -12,11 +12,21 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from elastic_hydra.agent.events import EventKind
+from elastic_hydra.agent.events import (
+    Event,
+    EventKind,
+    Finish,
+    MembershipChange,
+    RendezvousRound,
+    Restart,
+    SignalReceived,
+    Stop,
+    WorkerExited,
+)
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit
 from elastic_hydra.agent.restart_policy import backoff_delay
@@ -293,19 +303,22 @@ class FakeRendezvous:
         self.calls.append("close")
 
 
+E = TypeVar("E", bound=Event)
+
+
 @dataclass
 class ListObserver:
-    events: list[tuple[EventKind, dict[str, Any]]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
-    def emit(self, kind: EventKind, **data: Any) -> None:
-        self.events.append((kind, data))
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
 
     @property
     def kinds(self) -> list[EventKind]:
-        return [k for k, _ in self.events]
+        return [e.kind for e in self.events]
 
-    def of(self, kind: EventKind) -> list[dict[str, Any]]:
-        return [d for k, d in self.events if k is kind]
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind)]
 
 
 # --------------------------------------------------------------------------------------- harness
@@ -476,9 +489,9 @@ def test_restart_budget_runs_out_after_max_restarts(max_restarts: int) -> None:
     assert outcome.exit_code == 1
     assert outcome.attempts == max_restarts + 1
     assert [c.restart_count for c in h.factory.calls] == list(range(max_restarts + 1))
-    assert len(h.observer.of(EventKind.RESTART)) == max_restarts
+    assert len(h.observer.of(Restart)) == max_restarts
     assert f"{max_restarts} of restart.max_restarts={max_restarts}" in outcome.reason
-    assert h.observer.of(EventKind.FINISH)[-1]["reason"] == outcome.reason
+    assert h.observer.of(Finish)[-1].reason == outcome.reason
     # Root cause: the real failure that ended the job (the last attempt's), never a worker the
     # launcher stopped; the earlier attempts' failures stay in outcome.exits.
     assert outcome.root_cause is not None
@@ -499,8 +512,8 @@ def test_backoff_delays_reach_clock_sleep(jitter: float, u: float) -> None:
 
     expected = [backoff_delay(backoff, k, u) for k in (1, 2, 3)]
     assert h.clock.sleeps == pytest.approx(expected)
-    assert [e["delay"] for e in h.observer.of(EventKind.RESTART)] == pytest.approx(expected)
-    assert [e["restart"] for e in h.observer.of(EventKind.RESTART)] == [1, 2, 3]
+    assert [e.delay for e in h.observer.of(Restart)] == pytest.approx(expected)
+    assert [e.restart for e in h.observer.of(Restart)] == [1, 2, 3]
     if jitter == 0.0:
         assert h.clock.sleeps == pytest.approx([1.5, 4.5, 13.5])
     assert outcome.attempts == 4
@@ -542,9 +555,9 @@ def test_fail_rule_stops_without_restarting(returncode: int, spec: RestartSpec, 
     assert len(h.factory.calls) == 1
     assert h.clock.sleeps == []
     assert EventKind.RESTART not in h.observer.kinds
-    finish = h.observer.of(EventKind.FINISH)[-1]
-    assert key in finish["reason"]
-    assert "set to fail" in finish["reason"]
+    finish = h.observer.of(Finish)[-1]
+    assert key in finish.reason
+    assert "set to fail" in finish.reason
     assert outcome.root_cause is not None and outcome.root_cause.returncode == returncode
 
 
@@ -602,10 +615,10 @@ def test_signal_while_workers_run_stops_them_with_that_signal(sig: signal.Signal
     kinds = h.observer.kinds
     assert kinds.index(EventKind.SIGNAL) < kinds.index(EventKind.STOP)  # cause, then effect
     assert kinds[-2:] == [EventKind.STOP, EventKind.FINISH]
-    assert h.observer.of(EventKind.STOP)[0]["signal"] == sig.name
-    assert h.observer.of(EventKind.SIGNAL)[0]["signal"] == sig.name
-    finish = h.observer.of(EventKind.FINISH)[0]
-    assert (finish["status"], finish["exit_code"]) == ("stopped", 128 + int(sig))
+    assert h.observer.of(Stop)[0].signal == sig.name
+    assert h.observer.of(SignalReceived)[0].signal == sig.name
+    finish = h.observer.of(Finish)[0]
+    assert (finish.status, finish.exit_code) == (Status.STOPPED, 128 + int(sig))
 
 
 def test_signal_during_backoff_stops_without_another_attempt() -> None:
@@ -633,7 +646,7 @@ def test_signal_during_backoff_counts_only_the_attempts_that_ran() -> None:
 
     assert len(h.factory.calls) == 1
     assert outcome.attempts == 1
-    assert h.observer.of(EventKind.FINISH)[0]["attempts"] == 1
+    assert h.observer.of(Finish)[0].attempts == 1
 
 
 def test_a_signal_before_the_start_starts_nothing() -> None:
@@ -670,7 +683,7 @@ def test_rendezvous_error_fails_with_exit_code_3_and_starts_no_workers() -> None
     assert h.factory.calls == []
     assert outcome.exits == ()
     assert h.observer.kinds == [EventKind.JOINING, EventKind.FINISH]
-    assert h.observer.of(EventKind.FINISH)[0]["exit_code"] == 3
+    assert h.observer.of(Finish)[0].exit_code == 3
 
 
 def test_rendezvous_error_on_the_rejoin_after_a_restart() -> None:
@@ -708,8 +721,8 @@ def test_membership_change_rerendezvous_without_spending_the_restart_budget() ->
     assert old.waits == [0.5, 0.5, 0.5]
     assert old.stops == [(SIGTERM, plan.stop_grace)]
     assert old.closed and new.closed
-    assert [d["attempt"] for d in h.observer.of(EventKind.RENDEZVOUS)] == [0, 1]
-    assert [d["nodes"] for d in h.observer.of(EventKind.RENDEZVOUS)] == [1, 2]
+    assert [d.attempt for d in h.observer.of(RendezvousRound)] == [0, 1]
+    assert [d.nodes for d in h.observer.of(RendezvousRound)] == [1, 2]
     stopped = [e for e in outcome.exits if e.terminated_by_launcher]
     assert sorted(e.rank for e in stopped) == [0, 1]
     assert sorted(e.rank for e in outcome.exits if not e.terminated_by_launcher) == [2, 3]
@@ -750,8 +763,9 @@ def test_a_departed_node_rerendezvous_without_spending_a_restart() -> None:
     assert outcome.status is Status.SUCCEEDED
     assert [c.restart_count for c in h.factory.calls] == [0, 0]
     assert [c.env["WORLD_SIZE"] for c in h.factory.calls] == ["4", "2"]
-    (event,) = h.observer.of(EventKind.MEMBERSHIP)
-    assert event == {"change": "left", "reason": "node b left the job", "nodes": 1}
+    (event,) = h.observer.of(MembershipChange)
+    assert (event.change, event.reason, event.nodes) == (ChangeKind.LEFT, "node b left the job", 1)
+    assert event.collateral == () and "collateral" not in event.to_json()
 
 
 LOST_PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1961."
@@ -775,8 +789,8 @@ def test_workers_that_fail_because_a_node_died_are_its_collateral_in_an_elastic_
     (broken,) = [e for e in outcome.exits if e.returncode == 1]
     assert broken.after_node_loss and not broken.failed
     assert rdzv.published == []  # no node is told of a failure that was not one
-    (event,) = h.observer.of(EventKind.MEMBERSHIP)
-    assert event["change"] == "left"
+    (event,) = h.observer.of(MembershipChange)
+    assert event.change is ChangeKind.LEFT
     assert EventKind.RESTART not in h.observer.kinds
 
 
@@ -811,7 +825,7 @@ def test_a_ranks_own_fault_is_not_collateral_of_the_restart_it_caused() -> None:
     assert outcome.root_cause is not None and outcome.root_cause.rank == 0
     assert not outcome.root_cause.after_node_loss
     assert [e.rank for e in rdzv.published] == [0]
-    assert h.observer.of(EventKind.MEMBERSHIP) == []
+    assert h.observer.of(MembershipChange) == []
 
 
 def test_an_elastic_job_alone_in_its_round_never_waits_for_another_node() -> None:
@@ -852,8 +866,8 @@ def test_ranks_that_lost_a_peer_which_then_restarted_are_its_collateral_in_a_fix
     assert [e.rank for e in broken] == [2, 3] and all(e.after_node_loss for e in broken)
     assert rdzv.published == [] and outcome.root_cause is None
     assert outcome.peer_failures == (TORCHRUN_NODE,)
-    (event,) = h.observer.of(EventKind.MEMBERSHIP)
-    assert event["collateral"] == [2, 3]
+    (event,) = h.observer.of(MembershipChange)
+    assert event.collateral == (2, 3)
 
 
 def test_a_ranks_own_fault_in_a_fixed_job_restarts_at_once() -> None:
@@ -864,8 +878,8 @@ def test_a_ranks_own_fault_in_a_fixed_job_restarts_at_once() -> None:
 
     assert (outcome.status, outcome.restarts) == (Status.SUCCEEDED, 1)
     assert [e.rank for e in rdzv.published] == [2]
-    (restart,) = h.observer.of(EventKind.RESTART)
-    assert restart["rank"] == 2 and h.clock.sleeps == [0.0]
+    (restart,) = h.observer.of(Restart)
+    assert restart.rank == 2 and h.clock.sleeps == [0.0]
     assert h.clock.now - T0 < 1.2 + 2.0 + 1  # no wait for the rendezvous: 3.2 s in all
 
 
@@ -1011,14 +1025,15 @@ def test_events_tell_the_story_in_order() -> None:
         (EventKind.FINISH, {"status": "succeeded", "exit_code": 0, "attempts": 2}),
     ]  # fmt: skip
     assert h.observer.kinds == [kind for kind, _ in expected]
-    for (kind, data), (want_kind, want) in zip(h.observer.events, expected, strict=True):
-        assert kind is want_kind
-        assert {k: data[k] for k in want} == want, kind
-    assert h.observer.of(EventKind.RENDEZVOUS)[0]["master"] == "127.0.0.1:29500"
+    for event, (want_kind, want) in zip(h.observer.events, expected, strict=True):
+        assert event.kind is want_kind
+        line = event.to_json()  # as events.jsonl has it
+        assert {k: line[k] for k in want} == want, want_kind
+    assert h.observer.of(RendezvousRound)[0].master == "127.0.0.1:29500"
     assert first.pids != second.pids
-    assert "restart 1 of 1 after exit code 1" in h.observer.of(EventKind.RESTART)[0]["reason"]
-    assert h.observer.of(EventKind.WORKER_EXITED)[0]["exit"] == "exit code 1"
-    assert outcome.reason == h.observer.of(EventKind.FINISH)[0]["reason"]
+    assert "restart 1 of 1 after exit code 1" in h.observer.of(Restart)[0].reason
+    assert h.observer.of(WorkerExited)[0].exit == "exit code 1"
+    assert outcome.reason == h.observer.of(Finish)[0].reason
 
 
 # ------------------------------------------------------------------------------------- stuck
@@ -1030,7 +1045,7 @@ def test_pids_that_would_not_die_are_reported() -> None:
     (group,) = h.factory.groups
     assert outcome.status is Status.FAILED
     assert outcome.stuck_pids == (group.pids[2],)
-    assert h.observer.of(EventKind.STOP)[0]["stuck_pids"] == [group.pids[2]]
+    assert h.observer.of(Stop)[0].stuck_pids == (group.pids[2],)
     assert [e.rank for e in outcome.exits] == [0, 1]  # the stuck one never exited
     assert group.closed
 
@@ -1054,4 +1069,4 @@ def test_every_exit_of_one_wait_batch_is_recorded() -> None:
     outcome = h.run()
 
     assert sorted((e.rank, e.returncode) for e in outcome.exits) == [(0, 1), (1, 2), (2, -SIGTERM)]
-    assert len(h.observer.of(EventKind.WORKER_EXITED)) == 3
+    assert len(h.observer.of(WorkerExited)) == 3

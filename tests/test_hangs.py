@@ -25,6 +25,7 @@ from launch import run, started
 from multinode import FAST, job
 from test_agent_real import read_events
 
+from elastic_hydra.agent.events import Hang, WorkersStarted
 from elastic_hydra.hangs import share, verdict
 from elastic_hydra.records import HangRank, HangRecord
 from elastic_hydra.tracebacks import parse_threads
@@ -187,8 +188,8 @@ def launch(
     return proc.returncode, proc.stderr, json.loads((run_dir / "summary.json").read_text()), run_dir
 
 
-def hang_events(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in read_events(run_dir) if e["event"] == "hang"]
+def hang_events(run_dir: Path) -> list[Hang]:
+    return [e for e in read_events(run_dir) if isinstance(e, Hang)]
 
 
 GLOO = f"script={WORKERS / 'hang_gloo.py'}"
@@ -221,7 +222,7 @@ def test_a_rank_late_for_all_reduce_is_named_within_the_timeout(
         )
     onset = float((tmp_path / "out" / "stuck_at").read_text())
     (event,) = hang_events(run_dir)
-    assert event["time"] - onset <= 2 + 5, "the verdict came later than hang.timeout + 5 s"
+    assert event.wall_time - onset <= 2 + 5, "the verdict came later than hang.timeout + 5 s"
     assert summary["attempts"] == (2 if action == "restart" else 1)
     if action == "fail":
         assert summary["message"] == hang["verdict"]
@@ -274,8 +275,8 @@ def test_warmup_holds_the_verdict_back(tmp_path: Path) -> None:
     code, _, _, run_dir = probe(tmp_path, "wait", extra=("hang.warmup=3",))
     assert code == 1
     (event,) = hang_events(run_dir)
-    workers = next(e for e in read_events(run_dir) if e["event"] == "workers_started")
-    assert event["time"] - workers["time"] >= 3.0
+    workers = next(e for e in read_events(run_dir) if isinstance(e, WorkersStarted))
+    assert event.wall_time - workers.wall_time >= 3.0
     assert time.time() - started < 30
 
 

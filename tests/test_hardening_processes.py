@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 from conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
 
+from elastic_hydra.agent.events import Stop, WorkersStarted
 from elastic_hydra.errors import WorkerStartError
+from elastic_hydra.report.events_file import read_events
 from elastic_hydra.workers import contain
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
@@ -249,9 +251,8 @@ def test_a_stopped_worker_is_resumed_to_exit_and_recorded(tmp_path: Path) -> Non
 
         def rank_1_stopped() -> bool:
             (events,) = (tmp_path / "logs").rglob("events.jsonl")
-            started = [e for e in map(json.loads, events.read_text().splitlines())
-                       if e["event"] == "workers_started"]  # fmt: skip
-            stat = Path(f"/proc/{started[0]['pids'][1]}/stat").read_bytes()
+            started = [e for e in read_events(events).events if isinstance(e, WorkersStarted)]
+            stat = Path(f"/proc/{started[0].pids[1]}/stat").read_bytes()
             return stat.rsplit(b")", 1)[1].split()[0] == b"T"
 
         wait_for(rank_1_stopped, 20, "rank 1 to stop itself")
@@ -263,9 +264,9 @@ def test_a_stopped_worker_is_resumed_to_exit_and_recorded(tmp_path: Path) -> Non
         proc.wait()
     assert code == 143
     assert time.monotonic() - started < 10  # not the 30 s grace: SIGCONT let it take SIGTERM
-    events = next((tmp_path / "logs").rglob("events.jsonl")).read_text().splitlines()
-    (stop,) = [e for e in map(json.loads, events) if e["event"] == "stop"]
-    assert stop["paused_ranks"] == [1]
+    read = read_events(next((tmp_path / "logs").rglob("events.jsonl")))
+    (stop,) = [e for e in read.events if isinstance(e, Stop)]
+    assert stop.paused_ranks == (1,)
 
 
 # ---------------------------------------------------------------- workers that cannot be started

@@ -25,6 +25,9 @@ from launch import ELASTIC_HYDRA, launcher_env, on_a_terminal
 from multinode import FAST, Job, job, rdzv_server
 from servers import EtcdServer, etcd_server
 
+from elastic_hydra.agent.events import Event, ExitBarrier, Joining, MembershipChange
+from elastic_hydra.agent.seams import ChangeKind
+
 AGENT_DEADLINE = 150.0  # agents and workers each import torch: ~2 s of CPU apiece on 2 cores
 
 
@@ -41,8 +44,8 @@ def check_allreduce(records: list[dict[str, object]], world: int) -> None:
         assert record["world_size"] == world, record
 
 
-def membership(agent_events: list[dict[str, object]], change: str) -> list[dict[str, object]]:
-    return [e for e in agent_events if e["event"] == "membership" and e["change"] == change]
+def membership(agent_events: list[Event], change: ChangeKind) -> list[MembershipChange]:
+    return [e for e in agent_events if isinstance(e, MembershipChange) and e.change is change]
 
 
 # ------------------------------------------------------------------------------ fixed size jobs
@@ -77,8 +80,8 @@ def test_two_nodes_of_two_workers(
             1,
             j.run_id,
         )
-        barrier = [e for e in agent.events() if e["event"] == "exit_barrier"]
-        assert barrier and barrier[0]["completed"] is True
+        barrier = [e for e in agent.events() if isinstance(e, ExitBarrier)]
+        assert barrier and barrier[0].completed is True
 
 
 # ---------------------------------------------------------------------------------- elasticity
@@ -100,9 +103,9 @@ def test_a_node_joining_mid_run_grows_the_world_without_a_restart(tmp_path: Path
     ]  # fmt: skip
     first, second, _ = j.agents
     for agent in (first, second):
-        joined = membership(agent.events(), "joined")
-        assert joined and joined[0]["reason"] == "1 new node(s) waiting to join", joined
-        assert joined[0]["nodes"] == 1, joined
+        joined = membership(agent.events(), ChangeKind.JOINED)
+        assert joined and joined[0].reason == "1 new node(s) waiting to join", joined
+        assert joined[0].nodes == 1, joined
         summary = agent.summary()
         # The group started again when the third node joined: one more attempt, no restart.
         assert (summary["attempts"], summary["restarts"]) == (2, 0), summary
@@ -136,11 +139,11 @@ def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
         bound = 1 * 3  # keep_alive_interval x keep_alive_max_attempt
         survivors = j.agents[:2]
         # The first survivor to notice re-joins; the other may see that join first instead.
-        left = [e for a in survivors for e in membership(a.events(), "left")]
-        assert left and all(e["nodes"] == 2 for e in left), [a.events() for a in survivors]
+        left = [e for a in survivors for e in membership(a.events(), ChangeKind.LEFT)]
+        assert left and all(e.nodes == 2 for e in left), [a.events() for a in survivors]
         for agent in survivors:
-            changes = [e for e in agent.events() if e["event"] == "membership"]
-            noticed = float(changes[0]["time"]) - killed_at
+            changes = [e for e in agent.events() if isinstance(e, MembershipChange)]
+            noticed = changes[0].wall_time - killed_at
             # Within the bound, plus up to one heartbeat period and two reads of torch's state,
             # cached 1 s each (a departure counts when a second read confirms it), and load.
             assert noticed < bound + 1 + 2 + 2, noticed
@@ -188,8 +191,8 @@ def test_a_worker_failure_on_one_node_restarts_the_job_on_every_node(tmp_path: P
     assert sorted(a.summary()["restarts"] for a in j.agents) == [0, 1]
     # The other node says what happened: a peer restarted, not a new node joining.
     (other,) = [a for a in j.agents if a.summary()["restarts"] == 0]
-    joined = membership(other.events(), "joined")
-    assert joined and str(joined[0]["reason"]).endswith(
+    joined = membership(other.events(), ChangeKind.JOINED)
+    assert joined and joined[0].reason.endswith(
         "restarted its workers: a new round for every node"
     ), joined
 
@@ -329,7 +332,7 @@ def test_without_torch_a_torch_backend_is_one_line_naming_the_install(tmp_path: 
 def test_a_signal_during_the_rendezvous_stops_the_agent_at_once(tmp_path: Path) -> None:
     with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
         agent = j.start("nnodes=2", "nproc_per_node=1", *FAST)  # the second node never comes
-        wait_for(lambda: [e for e in agent.events() if e["event"] == "joining"], 60, "the join")
+        wait_for(lambda: [e for e in agent.events() if isinstance(e, Joining)], 60, "the join")
         agent.proc.send_signal(signal.SIGTERM)
         assert j.finish(10) == [128 + signal.SIGTERM], j.explain()
     summary = agent.summary()
@@ -398,8 +401,8 @@ def test_an_elastic_hydra_agent_and_a_torchrun_agent_form_one_job(tmp_path: Path
     ours = j.agents[0].summary()
     assert ours["status"] == "succeeded"
     # Both agents leave through the same exit barrier: neither waits for a timeout.
-    barrier = [e for e in j.agents[0].events() if e["event"] == "exit_barrier"]
-    assert barrier and barrier[0]["completed"] is True
+    barrier = [e for e in j.agents[0].events() if isinstance(e, ExitBarrier)]
+    assert barrier and barrier[0].completed is True
 
 
 def torchrun_argv(j: Job, port: int, *extra: str) -> list[str]:

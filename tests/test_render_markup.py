@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from test_render_golden import plan
 
+from elastic_hydra.agent.events import Finish
+from elastic_hydra.agent.outcome import Status
 from elastic_hydra.records import JobResult
 from elastic_hydra.report import render
 from elastic_hydra.sweeps import view
@@ -47,5 +49,14 @@ def test_sweep_and_pool_tables_show_overrides_and_messages_as_typed() -> None:
 
 
 def test_timeline_details_are_text() -> None:
-    events = [{"event": "finish", "time": 0.0, "monotonic": 0.0, "reason": HOSTILE}]
+    events = [
+        Finish(
+            wall_time=0.0,
+            mono_time=0.0,
+            status=Status.FAILED,
+            exit_code=1,
+            reason=HOSTILE,
+            attempts=1,
+        )
+    ]
     assert f"reason={HOSTILE}" in text_of(render.timeline(events, plain=True))

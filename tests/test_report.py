@@ -11,6 +11,9 @@ from typing import Any
 
 from conftest import ELASTIC_HYDRA, WORKERS
 
+from elastic_hydra.agent.events import WorkersStarted
+from elastic_hydra.records import RunSummary
+
 FAIL = str(WORKERS / "fail.py")
 EXIT_CODE = str(WORKERS / "exit_code.py")
 
@@ -114,3 +117,29 @@ def test_report_of_a_directory_without_a_summary_is_one_line(tmp_path: Path) -> 
         assert "Traceback" not in proc.stderr
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("elastic-hydra: error: report:"), line
+
+
+def test_report_reads_what_it_can_of_a_timeline_and_says_what_it_skipped(tmp_path: Path) -> None:
+    summary = RunSummary(status="succeeded", exit_code=0, attempts=1, run_dir=str(tmp_path))
+    (tmp_path / "summary.json").write_text(json.dumps(summary.to_json()))
+    started = WorkersStarted(wall_time=10.0, mono_time=1.0, pids=(7,), attempt=0)
+    lines = [
+        json.dumps(started.to_json()),
+        json.dumps({"event": "preflight", "time": 10.5, "monotonic": 1.5}),  # a newer kind
+        '{"event": "finish", "time": 11.0, "monotonic": 2.0, "status": "succ',  # cut short
+    ]
+    (tmp_path / "events.jsonl").write_text("\n".join(lines))
+    report = cli(tmp_path, "report", str(tmp_path))
+    assert report.returncode == 0, report.stderr
+    assert "workers_started" in report.stdout and "pids=[7], attempt=0" in report.stdout
+    assert report.stderr.strip() == (
+        "elastic-hydra: warning: 2 line(s) of events.jsonl skipped: 1 of a kind this "
+        "elastic-hydra does not know, 1 that did not read as an event (cut short?)"
+    )
+
+    newer = {**started.to_json(), "format": 99}
+    (tmp_path / "events.jsonl").write_text(json.dumps(newer) + "\n")
+    refused = cli(tmp_path, "report", str(tmp_path))
+    assert refused.returncode == 2 and refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("elastic-hydra: error: events.jsonl: written in format 99, newer"), line

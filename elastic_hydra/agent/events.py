@@ -1,12 +1,33 @@
-"""The run's timeline: one JSON object per event in `events.jsonl`. Pure: building, not writing."""
+"""The run's timeline: one typed event per line of `events.jsonl`. Pure: building and reading
+JSON objects, not writing or opening files.
+
+Each kind of event is a frozen dataclass; `Event` is their union, so a reader `match`es on
+the class and a renamed field fails mypy, not a report at run time. `to_json` gives the line's
+object, `event_from_json` reads one back and checks every field.
+
+The format version is a field on every line (`"format": 1`, last), not a header line: the file
+is appended and flushed one event at a time, so a run killed mid-write, or a reader tailing a
+live run (`elastic-hydra stacks`), still knows each line's format; every line stays one event
+for line-wise tools (grep, jq); and a file appended to by another release cannot mix formats
+unseen. A line without the field was written before it existed (format 0: today's keys). A new
+kind or a new key does not change the format (readers skip kinds and ignore keys they do not
+know); renaming or removing a key, or changing what one means, does.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias, TypedDict
+
+from elastic_hydra.agent.outcome import Status
+from elastic_hydra.agent.seams import ChangeKind
+from elastic_hydra.plan import HangAction
+
+FORMAT = 1  # the format this release writes, and the newest it reads
 
 
 class EventKind(enum.Enum):
@@ -24,14 +45,259 @@ class EventKind(enum.Enum):
     FINISH = "finish"  # the run ended: status and exit code
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Event:
-    kind: EventKind
-    wall_time: float  # seconds since the epoch
-    mono_time: float  # time.monotonic(), comparable within one host
-    data: Mapping[str, Any] = field(default_factory=dict)
+class EventLineError(ValueError):
+    """A line of events.jsonl that does not read as an event (names the field at fault)."""
 
-    def to_json(self) -> str:
-        """One line of events.jsonl."""
-        record = {"event": self.kind.value, "time": self.wall_time, "monotonic": self.mono_time}
-        return json.dumps({**record, **self.data}, default=str)
+
+class UnknownEventKindError(EventLineError):
+    """An event of a kind this release does not know (written by a newer one)."""
+
+
+class NewerFormatError(ValueError):
+    """events.jsonl written in a newer format than this release reads."""
+
+    def __init__(self, found: int) -> None:
+        super().__init__(f"format {found}, newer than format {FORMAT} that this release reads")
+        self.found = found
+
+
+class Stamp(TypedDict):
+    """When an event happened: the two clocks every event carries (`**stamp` into one)."""
+
+    wall_time: float
+    mono_time: float
+
+
+_KEYS = {"wall_time": "time", "mono_time": "monotonic"}  # field -> JSON key, where they differ
+_NAMES: dict[object, str] = {type(None): "null", float: "number", int: "integer", str: "string"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Event:
+    """What every event has: its kind, and when it happened on this host."""
+
+    kind: ClassVar[EventKind]
+    wall_time: float  # seconds since the epoch ("time")
+    mono_time: float  # time.monotonic(), comparable within one host ("monotonic")
+
+    def to_json(self) -> dict[str, Any]:
+        """The object of one line of events.jsonl: `event`, `time`, `monotonic`, the event's
+        own fields in order, then `format`."""
+        line: dict[str, Any] = {"event": self.kind.value}
+        for f in dataclasses.fields(self):
+            line[_KEYS.get(f.name, f.name)] = _plain(getattr(self, f.name))
+        line["format"] = FORMAT
+        return line
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Joining(_Event):
+    kind: ClassVar[EventKind] = EventKind.JOINING
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RendezvousRound(_Event):
+    kind: ClassVar[EventKind] = EventKind.RENDEZVOUS
+    attempt: int
+    node_rank: int
+    nodes: int
+    world_size: int
+    master: str  # host:port
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkersStarted(_Event):
+    kind: ClassVar[EventKind] = EventKind.WORKERS_STARTED
+    pids: tuple[int, ...]  # by local rank
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerExited(_Event):
+    kind: ClassVar[EventKind] = EventKind.WORKER_EXITED
+    rank: int
+    local_rank: int
+    pid: int
+    returncode: int
+    exit: str  # the return code, told (records.describe_returncode(...).short)
+    terminated_by_launcher: bool
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restart(_Event):
+    kind: ClassVar[EventKind] = EventKind.RESTART
+    reason: str
+    delay: float  # seconds before the new attempt
+    restart: int  # the restart's number, from 1
+    rank: int | None  # the root cause's rank; None: the workers hung
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipChange(_Event):
+    kind: ClassVar[EventKind] = EventKind.MEMBERSHIP
+    change: ChangeKind
+    reason: str
+    nodes: int  # nodes still in the job (left)
+    collateral: tuple[int, ...] = ()  # ranks here that failed with it (left out when none)
+
+    def to_json(self) -> dict[str, Any]:
+        line = _Event.to_json(self)
+        if not self.collateral:
+            del line["collateral"]
+        return line
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitBarrier(_Event):
+    kind: ClassVar[EventKind] = EventKind.EXIT_BARRIER
+    waited: float | None  # seconds; None: the barrier did not complete
+    completed: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalReceived(_Event):
+    kind: ClassVar[EventKind] = EventKind.SIGNAL
+    signal: str  # its name, SIGTERM
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stopping(_Event):
+    kind: ClassVar[EventKind] = EventKind.STOPPING
+    signal: str
+    workers: int  # still running
+    grace: float  # seconds they have before SIGKILL (stop_grace)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stop(_Event):
+    kind: ClassVar[EventKind] = EventKind.STOP
+    reason: str
+    signal: str
+    stopped_ranks: tuple[int, ...]  # local ranks still running when the stop began
+    paused_ranks: tuple[int, ...]  # found stopped (SIGSTOP), resumed to exit
+    stuck_pids: tuple[int, ...]  # would not die
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hang(_Event):
+    kind: ClassVar[EventKind] = EventKind.HANG
+    verdict: str
+    action: HangAction
+    idle: float  # seconds without progress
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finish(_Event):
+    kind: ClassVar[EventKind] = EventKind.FINISH
+    status: Status
+    exit_code: int
+    reason: str
+    attempts: int
+
+
+Event: TypeAlias = (
+    Joining
+    | RendezvousRound
+    | WorkersStarted
+    | WorkerExited
+    | Restart
+    | MembershipChange
+    | ExitBarrier
+    | SignalReceived
+    | Stopping
+    | Stop
+    | Hang
+    | Finish
+)
+_BY_KIND: dict[str, type[Event]] = {cls.kind.value: cls for cls in typing.get_args(Event)}
+_HINTS: dict[EventKind, dict[str, Any]] = {}
+
+
+def event_from_json(obj: object) -> Event:
+    """One line's object read back as its event, every field checked.
+
+    Raises:
+        NewerFormatError: the line's `format` is newer than `FORMAT`.
+        UnknownEventKindError: a kind this release does not know.
+        EventLineError: anything else that is not an event (names the key at fault).
+    """
+    if not isinstance(obj, dict):
+        raise EventLineError(f"expected a JSON object, got {type(obj).__name__}")
+    version = obj.get("format", 0)
+    if type(version) is not int or version < 0:
+        raise EventLineError(f"format: expected a whole number, got {version!r:.40}")
+    if version > FORMAT:
+        raise NewerFormatError(version)
+    kind = obj.get("event")
+    if not isinstance(kind, str):
+        raise EventLineError(f"event: expected the event's kind, got {kind!r:.40}")
+    if (cls := _BY_KIND.get(kind)) is None:
+        raise UnknownEventKindError(f"event: unknown kind {kind!r:.40}")
+    if version == 0 and "round" in obj:
+        # Before `attempt` meant one start of the worker group, that count was `round` (and
+        # `attempt` counted restarts).
+        obj = {**obj, "attempt": obj["round"]}
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key = _KEYS.get(f.name, f.name)
+        if key in obj:
+            values[f.name] = _checked(f"{kind}.{key}", obj[key], hints[f.name])
+        elif f.default is dataclasses.MISSING:
+            raise EventLineError(f"{kind}.{key}: missing")
+    return cls(**values)
+
+
+def _hints(cls: type[Event]) -> dict[str, Any]:
+    """Each field's type, evaluated once per kind (the annotations are strings until then)."""
+    if (hints := _HINTS.get(cls.kind)) is None:
+        hints = _HINTS[cls.kind] = typing.get_type_hints(cls)
+    return hints
+
+
+def _plain(value: object) -> object:
+    """A field's value in JSON: enums by value, tuples as lists."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _checked(name: str, value: object, hint: Any) -> Any:
+    """`value` as the field's type `hint`, or EventLineError naming the key."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType):
+        for option in args:
+            try:
+                return _checked(name, value, option)
+            except EventLineError:
+                continue
+    elif hint is type(None):
+        if value is None:
+            return None
+    elif typing.get_origin(hint) is tuple and isinstance(value, list):
+        return tuple(_checked(f"{name}[{i}]", v, args[0]) for i, v in enumerate(value))
+    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            known = ", ".join(str(m.value) for m in hint)
+            raise EventLineError(f"{name}: expected one of {known}, got {value!r:.40}") from None
+    elif hint is float and type(value) in (int, float):
+        return float(value)  # type: ignore[arg-type]
+    elif hint in (int, str, bool) and type(value) is hint:
+        return value
+    raise EventLineError(f"{name}: expected {_name(hint)}, got {value!r:.40}")
+
+
+def _name(hint: Any) -> str:
+    """A field's type in JSON's words: `number or null`, `list`."""
+    if isinstance(hint, types.UnionType):
+        return " or ".join(_name(a) for a in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return "list"
+    return _NAMES.get(hint, getattr(hint, "__name__", str(hint)))

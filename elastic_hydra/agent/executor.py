@@ -11,8 +11,7 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from elastic_hydra.agent import restart_policy
-from elastic_hydra.agent.events import EventKind
+from elastic_hydra.agent import events, restart_policy
 from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit, root_cause
 from elastic_hydra.agent.seams import (
     ChangeKind,
@@ -108,7 +107,9 @@ class Executor:
                 return self._finish(Status.FAILED, str(exc))
             started = self.clock.mono()
             self.observer.emit(
-                EventKind.WORKERS_STARTED, pids=group.pids, attempt=self.state.attempts
+                events.WorkersStarted(
+                    **self._now(), pids=tuple(group.pids), attempt=self.state.attempts
+                )
             )
             if self.hang is not None:
                 self.hang.start(group.pids, node, self.state.attempts)
@@ -129,15 +130,17 @@ class Executor:
                 return self._finish(Status.FAILED, self.state.reason)
 
     def _rendezvous(self) -> NodeAssignment:
-        self.observer.emit(EventKind.JOINING, attempt=self.state.attempts)
+        self.observer.emit(events.Joining(**self._now(), attempt=self.state.attempts))
         node = self.rdzv.next_round()
         self.observer.emit(
-            EventKind.RENDEZVOUS,
-            attempt=self.state.attempts,
-            node_rank=node.group_rank,
-            nodes=node.group_world_size,
-            world_size=node.world_size,
-            master=str(node.master),
+            events.RendezvousRound(
+                **self._now(),
+                attempt=self.state.attempts,
+                node_rank=node.group_rank,
+                nodes=node.group_world_size,
+                world_size=node.world_size,
+                master=str(node.master),
+            )
         )
         return node
 
@@ -149,7 +152,7 @@ class Executor:
                 return _Ended.LOGS_FAILED, str(exc)
             failed = [r for r in records if r.failed]
             if self._stop_signalled(failed) and (signum := self.stop_request.signum) is not None:
-                self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
+                self._signalled(signum)
                 return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
             if failed:
                 if (collateral := self._collateral(group, node, failed)) is not None:
@@ -185,11 +188,13 @@ class Executor:
         """Every rank's stack is saved: say so, then act (report: go on watching)."""
         self.state.hang = hang
         self.observer.emit(
-            EventKind.HANG,
-            verdict=hang.verdict,
-            action=hang.action,
-            idle=hang.idle_s,
-            attempt=self.state.attempts,
+            events.Hang(
+                **self._now(),
+                verdict=hang.verdict,
+                action=HangAction(hang.action),
+                idle=hang.idle_s,
+                attempt=self.state.attempts,
+            )
         )
         match self.plan.hang.action:
             case HangAction.RESTART:
@@ -236,7 +241,7 @@ class Executor:
             if not self._lost_peers(more):
                 return None
         if (signum := self.stop_request.signum) is not None:
-            self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
+            self._signalled(signum)
             return _Ended.STOPPED, f"received {signal.Signals(signum).name}"
         return None
 
@@ -253,11 +258,13 @@ class Executor:
             return None
         self.state.peers += change.peers
         self.observer.emit(
-            EventKind.MEMBERSHIP,
-            change=change.kind.value,
-            reason=change.reason,
-            nodes=change.nodes,
-            **({"collateral": [r.rank for r in collateral]} if collateral else {}),
+            events.MembershipChange(
+                **self._now(),
+                change=change.kind,
+                reason=change.reason,
+                nodes=change.nodes,
+                collateral=tuple(r.rank for r in collateral),
+            )
         )
         match change.kind:
             case ChangeKind.JOINED:
@@ -289,14 +296,16 @@ class Executor:
         )
         self.state.exits.append(record)
         self.observer.emit(
-            EventKind.WORKER_EXITED,
-            rank=record.rank,
-            local_rank=record.local_rank,
-            pid=record.pid,
-            returncode=record.returncode,
-            exit=describe_returncode(record.returncode).short,
-            terminated_by_launcher=by_launcher,
-            attempt=self.state.attempts,
+            events.WorkerExited(
+                **self._now(),
+                rank=record.rank,
+                local_rank=record.local_rank,
+                pid=record.pid,
+                returncode=record.returncode,
+                exit=describe_returncode(record.returncode).short,
+                terminated_by_launcher=by_launcher,
+                attempt=self.state.attempts,
+            )
         )
         return record
 
@@ -305,10 +314,12 @@ class Executor:
         running = group.running()
         if ended is _Ended.STOPPED and running:
             self.observer.emit(
-                EventKind.STOPPING,
-                signal=signal.Signals(sig or signal.SIGTERM).name,
-                workers=len(running),
-                grace=self.plan.stop_grace,
+                events.Stopping(
+                    **self._now(),
+                    signal=signal.Signals(sig or signal.SIGTERM).name,
+                    workers=len(running),
+                    grace=self.plan.stop_grace,
+                )
             )
         exits, stuck = group.stop(sig or signal.SIGTERM, self.plan.stop_grace)
         node = self.state.node
@@ -319,12 +330,14 @@ class Executor:
         self.state.stuck += stuck
         if running or stuck:
             self.observer.emit(
-                EventKind.STOP,
-                reason=reason,
-                signal=signal.Signals(sig or signal.SIGTERM).name,
-                stopped_ranks=running,
-                paused_ranks=group.paused,  # found stopped (SIGSTOP), resumed to exit
-                stuck_pids=stuck,
+                events.Stop(
+                    **self._now(),
+                    reason=reason,
+                    signal=signal.Signals(sig or signal.SIGTERM).name,
+                    stopped_ranks=tuple(running),
+                    paused_ranks=tuple(group.paused),  # found stopped (SIGSTOP), resumed to exit
+                    stuck_pids=tuple(stuck),
+                )
             )
 
     def _restart(self, started: float, ended: _Ended) -> bool:
@@ -352,11 +365,13 @@ class Executor:
         if decision.action is Action.FAIL:
             return False
         self.observer.emit(
-            EventKind.RESTART,
-            reason=decision.reason,
-            delay=decision.delay,
-            restart=self.state.restarts + 1,
-            rank=rank,
+            events.Restart(
+                **self._now(),
+                reason=decision.reason,
+                delay=decision.delay,
+                restart=self.state.restarts + 1,
+                rank=rank,
+            )
         )
         self.clock.sleep(decision.delay)
         if self.stop_request.signum is not None:
@@ -369,7 +384,7 @@ class Executor:
         signum = self.stop_request.signum
         if signum is None:
             return None
-        self.observer.emit(EventKind.SIGNAL, signal=signal.Signals(signum).name)
+        self._signalled(signum)
         return self._finish(Status.STOPPED, f"received {signal.Signals(signum).name}", signum)
 
     def _finish(self, status: Status, reason: str, signum: int | None = None) -> RunOutcome:
@@ -385,10 +400,20 @@ class Executor:
             peer_failures=tuple(self.state.peers),
         )
         self.observer.emit(
-            EventKind.FINISH,
-            status=status.value,
-            exit_code=outcome.exit_code,
-            reason=reason,
-            attempts=outcome.attempts,
+            events.Finish(
+                **self._now(),
+                status=status,
+                exit_code=outcome.exit_code,
+                reason=reason,
+                attempts=outcome.attempts,
+            )
         )
         return outcome
+
+    def _now(self) -> events.Stamp:
+        """An event's time, from the loop's clock (a fake one in tests)."""
+        return events.Stamp(wall_time=self.clock.wall(), mono_time=self.clock.mono())
+
+    def _signalled(self, signum: int) -> None:
+        """The agent received a stop signal: the timeline says so before the stop."""
+        self.observer.emit(events.SignalReceived(**self._now(), signal=signal.Signals(signum).name))

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from elastic_hydra.agent.events import EventKind
 from elastic_hydra.agent.outcome import Status, WorkerExit
 from elastic_hydra.plan import Endpoint
 from elastic_hydra.records import HangRecord, PeerFailure
+
+if TYPE_CHECKING:  # events imports ChangeKind from here: at run time, a cycle
+    from elastic_hydra.agent.events import Event
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +78,10 @@ class StopRequest(Protocol):
 
 
 class Observer(Protocol):
-    def emit(self, kind: EventKind, **data: Any) -> None: ...
+    """Where the loop tells what happens (the run's timeline, the console's progress lines)."""
+
+    def emit(self, event: Event) -> None:
+        """One event, as it happens (it carries the time it happened)."""
 
 
 class Rendezvous(Protocol):

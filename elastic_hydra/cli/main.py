@@ -36,6 +36,8 @@ from elastic_hydra.errors import (
 from elastic_hydra.launch import job
 from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
 from elastic_hydra.records import JobResult, RunSummary
+from elastic_hydra.report import notices
+from elastic_hydra.report.events_file import EventsRead, read_events
 from elastic_hydra.rundir import RunDir
 
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
@@ -164,14 +166,15 @@ def report(args: Sequence[str]) -> int:
             str(where),
             "expected a run dir written by elastic-hydra",
         ) from None
-    events = []
-    with contextlib.suppress(FileNotFoundError):
-        for line in run.events.read_text().splitlines():
-            with contextlib.suppress(ValueError):  # a line cut short by a killed agent
-                events.append(json.loads(line))
+    try:
+        read = read_events(run.events)
+    except FileNotFoundError:
+        read = EventsRead(events=())
+    if (skipped := read.skipped()) is not None:
+        notices.warn(skipped)
     from elastic_hydra.report import render
 
-    render.print_report(summary, events)
+    render.print_report(summary, read.events)
     return 0 if summary.status == "succeeded" else 1
 
 

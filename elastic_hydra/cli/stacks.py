@@ -10,7 +10,6 @@ running (it has no summary.json yet).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs import verdict
 from elastic_hydra.hangs.watch import Workers, dump_ranks
 from elastic_hydra.records import HangRank
+from elastic_hydra.report.events_file import EventsRead, last_start, read_events
 from elastic_hydra.rundir import RunDir
 
 USAGE = """usage: elastic-hydra stacks [RUN_DIR]
@@ -63,24 +63,18 @@ def running_run(root: Path) -> Path:
 
 def live_workers(run: RunDir) -> Workers:
     """The latest attempt's workers, from events.jsonl; global ranks from their environment."""
-    started: dict[str, object] | None = None
-    with contextlib.suppress(OSError):
-        for line in run.events.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if event.get("event") == "workers_started":
-                    started = event
-    if started is None:
+    read = EventsRead(events=())
+    with contextlib.suppress(OSError):  # its last line may be cut short: the run goes on
+        read = read_events(run.events)
+    if (started := last_start(read.events)) is None:
         raise ConfigError(
             "stacks", "no workers started in this run", str(run.root), "expected a running job"
         )
-    pids = tuple(int(p) for p in started["pids"])  # type: ignore[attr-defined]
-    attempt = int(started["attempt"])  # type: ignore[call-overload]
     return Workers(
         run=run,
-        attempt=attempt,
-        pids=pids,
-        ranks=tuple(_rank(pid, lr) for lr, pid in enumerate(pids)),
+        attempt=started.attempt,
+        pids=started.pids,
+        ranks=tuple(_rank(pid, lr) for lr, pid in enumerate(started.pids)),
         host=socket.gethostname(),
     )
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from elastic_hydra import stopsignals
-from elastic_hydra.agent.events import Event, EventKind
+from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.agent.seams import JobFailures, NodeAssignment, Rendezvous
@@ -85,12 +85,11 @@ class EventLog:
         self.echo = echo
         self.multi_node = multi_node
 
-    def emit(self, kind: EventKind, **data: Any) -> None:
-        event = Event(kind=kind, wall_time=time.time(), mono_time=time.monotonic(), data=data)
+    def emit(self, event: Event) -> None:
         self.events.append(event)
         if self.file is not None:
             try:
-                self.file.write(event.to_json() + "\n")
+                self.file.write(json.dumps(event.to_json()) + "\n")
             except OSError as exc:  # a full disk: the job goes on, the timeline stops here
                 notices.warn(f"cannot write events.jsonl ({exc.strerror}); no more events saved")
                 self._close_file()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
-from elastic_hydra.agent.events import EventKind
+from elastic_hydra.agent.events import ExitBarrier
 from elastic_hydra.agent.outcome import Status, WorkerExit
 from elastic_hydra.agent.seams import (
     Change,
@@ -205,7 +205,14 @@ class TorchRendezvous:
     def end(self, status: Status, observer: Observer) -> JobFailures:
         if status is Status.SUCCEEDED:
             waited = self.exit_barrier()
-            observer.emit(EventKind.EXIT_BARRIER, waited=waited, completed=waited is not None)
+            observer.emit(
+                ExitBarrier(
+                    wall_time=time.time(),
+                    mono_time=time.monotonic(),
+                    waited=waited,
+                    completed=waited is not None,
+                )
+            )
         if status is not Status.STOPPED:  # a node stopped by a signal leaves the job running
             self.shutdown()
         checked = self.job_failures()

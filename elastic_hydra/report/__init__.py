@@ -7,6 +7,8 @@
   and only when a report is shown.
 - `notices`: one-line notices on stderr without rich (the success line, a multi-node job's
   progress).
+- `events_file`: `events.jsonl` read back as typed events, the one reader of a run's timeline
+  (`report`, `stacks`); lines cut short or of unknown kinds are skipped and counted.
 
 Imports: hangs, agent, resolve (the machine facts a plan shows) and the root.
 """

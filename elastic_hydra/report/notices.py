@@ -10,7 +10,15 @@ import os
 import sys
 from typing import TextIO
 
-from elastic_hydra.agent.events import Event, EventKind
+from elastic_hydra.agent.events import (
+    Event,
+    Hang,
+    Joining,
+    MembershipChange,
+    RendezvousRound,
+    Restart,
+    Stopping,
+)
 from elastic_hydra.records import RunSummary
 
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
@@ -30,38 +38,37 @@ def succeeded(summary: RunSummary) -> None:
 def progress(event: Event, *, multi_node: bool) -> None:
     """One line for each restart, and for the steps of a multi-node job that otherwise look like
     a hang (joining, the round, nodes joining or leaving)."""
-    d = event.data
-    match event.kind:
-        case EventKind.RESTART:
-            who = "the workers hung" if d["rank"] is None else f"rank {d['rank']} failed"
-            say(f"elastic-hydra: {who}: {d['reason']}")
-        case EventKind.HANG:
+    match event:
+        case Restart():
+            who = "the workers hung" if event.rank is None else f"rank {event.rank} failed"
+            say(f"elastic-hydra: {who}: {event.reason}")
+        case Hang():
             then = {"report": "they keep running", "restart": "stopping them (a failure)"}
+            action = event.action.value
             say(
-                f"elastic-hydra: {d['verdict']}. Every rank's stacks: attempt_{d['attempt']}/"
-                f"*/stacks.txt; {then.get(d['action'], 'stopping the job')} (hang.action="
-                f"{d['action']})"
+                f"elastic-hydra: {event.verdict}. Every rank's stacks: attempt_{event.attempt}/"
+                f"*/stacks.txt; {then.get(action, 'stopping the job')} (hang.action={action})"
             )
-        case EventKind.STOPPING:
+        case Stopping():
             say(
-                f"elastic-hydra: {d['signal']}: stopping {d['workers']} worker(s), up to "
-                f"{d['grace']:g} s (stop_grace); Ctrl-C again to kill them now"
+                f"elastic-hydra: {event.signal}: stopping {event.workers} worker(s), up to "
+                f"{event.grace:g} s (stop_grace); Ctrl-C again to kill them now"
             )
         case _ if not multi_node:
             return
-        case EventKind.JOINING:
-            say(f"elastic-hydra: joining the rendezvous (attempt {d['attempt']})")
-        case EventKind.RENDEZVOUS:
+        case Joining():
+            say(f"elastic-hydra: joining the rendezvous (attempt {event.attempt})")
+        case RendezvousRound():
             say(
-                f"elastic-hydra: node {d['node_rank']} of {d['nodes']}, world size "
-                f"{d['world_size']}, master {d['master']}"
+                f"elastic-hydra: node {event.node_rank} of {event.nodes}, world size "
+                f"{event.world_size}, master {event.master}"
             )
-        case EventKind.MEMBERSHIP if d.get("collateral"):
-            ranks = ",".join(str(r) for r in d["collateral"])
+        case MembershipChange(collateral=collateral) if collateral:
+            ranks = ",".join(str(r) for r in collateral)
             here = f"rank(s) {ranks} here failed with it (collateral, not this node's failure)"
-            say(f"elastic-hydra: {d['reason']}; {here}")
-        case EventKind.MEMBERSHIP:
-            say(f"elastic-hydra: {d['reason']}")
+            say(f"elastic-hydra: {event.reason}; {here}")
+        case MembershipChange():
+            say(f"elastic-hydra: {event.reason}")
 
 
 def warn(text: str) -> None:

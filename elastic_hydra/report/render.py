@@ -9,9 +9,8 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -23,6 +22,14 @@ from rich.traceback import Stack as RichStack
 from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
+from elastic_hydra.agent.events import (
+    Event,
+    Finish,
+    Restart,
+    SignalReceived,
+    WorkerExited,
+    WorkersStarted,
+)
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.hangs import verdict
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
@@ -326,7 +333,7 @@ def _other_ranks(summary: RunSummary, cause: FailureRecord | None, *, plain: boo
 
 
 # ------------------------------------------------------------------------------------- report
-def print_report(summary: RunSummary, events: Sequence[Mapping[str, Any]]) -> None:
+def print_report(summary: RunSummary, events: Sequence[Event]) -> None:
     """`elastic-hydra report RUN_DIR`: the saved summary and the events timeline."""
     out = console()
     plain = not out.is_terminal
@@ -344,31 +351,34 @@ def print_report(summary: RunSummary, events: Sequence[Mapping[str, Any]]) -> No
     _print(out, timeline(events, plain=plain), attempts_table(events, plain=plain), ending)
 
 
-def attempts_table(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
+def attempts_table(events: Sequence[Event], *, plain: bool) -> Table:
     """One row per start of the worker group: when, for how long, and how it ended."""
     table = Table(title="attempts", title_justify="left", box=None if plain else box.SIMPLE)
     for name in ("attempt", "started (s)", "ran (s)", "ended"):
         table.add_column(name, overflow="fold")
-    t0 = events[0]["monotonic"] if events else 0.0
-    start: Mapping[str, Any] | None = None
+    t0 = events[0].mono_time if events else 0.0
+    start: WorkersStarted | None = None
     ended = ""
     for ev in events:
-        kind = ev["event"]
-        if kind == "workers_started":
-            start, ended = ev, ""
-        elif start is not None and kind == "worker_exited" and not ended:
-            if ev["returncode"] != 0 and not ev["terminated_by_launcher"]:
-                ended = f"rank {ev['rank']} {ev['exit']}"
-        elif start is not None and kind in ("restart", "finish", "signal"):
-            reason = ev.get("reason") or ev.get("signal") or ""
-            table.add_row(
-                str(start.get("attempt", start.get("round"))),  # "round" before 0.2
-                f"{start['monotonic'] - t0:.3f}",
-                f"{ev['monotonic'] - start['monotonic']:.3f}",
-                Text(ended or str(reason)),
-            )
-            start = None
+        match ev:
+            case WorkersStarted():
+                start, ended = ev, ""
+            case WorkerExited() if start is not None and not ended:
+                if ev.returncode != 0 and not ev.terminated_by_launcher:
+                    ended = f"rank {ev.rank} {ev.exit}"
+            case Restart() | Finish() | SignalReceived() if start is not None:
+                reason = ev.signal if isinstance(ev, SignalReceived) else ev.reason
+                table.add_row(
+                    str(start.attempt),
+                    f"{start.mono_time - t0:.3f}",
+                    f"{ev.mono_time - start.mono_time:.3f}",
+                    Text(ended or reason),
+                )
+                start = None
     return table
+
+
+_NOT_DETAILS = ("event", "time", "monotonic", "format")  # in their own columns, or not news
 
 
 def _short(value: object) -> str:
@@ -376,15 +386,15 @@ def _short(value: object) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def timeline(events: Sequence[Mapping[str, Any]], *, plain: bool) -> Table:
-    """One row per event: seconds since the first, what happened."""
+def timeline(events: Sequence[Event], *, plain: bool) -> Table:
+    """One row per event: seconds since the first, what happened (its fields as written)."""
     table = Table(title="timeline", title_justify="left", box=None if plain else box.SIMPLE)
     table.add_column("t (s)", justify="right")
     table.add_column("event")
     table.add_column("details", overflow="fold")
-    t0 = events[0]["monotonic"] if events else 0.0
+    t0 = events[0].mono_time if events else 0.0
     for ev in events:
-        data = {k: v for k, v in ev.items() if k not in ("event", "time", "monotonic")}
+        data = {k: v for k, v in ev.to_json().items() if k not in _NOT_DETAILS}
         details = ", ".join(f"{k}={_short(v)}" for k, v in data.items())
-        table.add_row(f"{ev['monotonic'] - t0:.3f}", Text(str(ev["event"])), Text(details))
+        table.add_row(f"{ev.mono_time - t0:.3f}", Text(ev.kind.value), Text(details))
     return table

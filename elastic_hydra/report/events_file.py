@@ -1,0 +1,86 @@
+"""`events.jsonl` read back: the one reader of a run's timeline (`report`, `stacks`, the tests).
+
+The file is written one flushed line per event while the run goes on, so it may end in a line
+cut short (the agent was killed mid-write) or be read while still growing; and a newer release
+may have written kinds this one does not know. Such lines are skipped and counted, never fatal.
+A file in a newer format is refused as a whole, with one message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from elastic_hydra.agent.events import (
+    FORMAT,
+    Event,
+    EventLineError,
+    NewerFormatError,
+    UnknownEventKindError,
+    WorkersStarted,
+    event_from_json,
+)
+from elastic_hydra.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventsRead:
+    """A run's events in file order, and the lines that were not read as one."""
+
+    events: tuple[Event, ...]
+    unknown: int = 0  # events of kinds this release does not know (a newer one wrote them)
+    unreadable: int = 0  # lines that are no event: cut short by a killed agent, or garbled
+
+    def skipped(self) -> str | None:
+        """What was skipped, in words; None when every line was read."""
+        parts = []
+        if self.unknown:
+            parts.append(f"{self.unknown} of a kind this elastic-hydra does not know")
+        if self.unreadable:
+            parts.append(f"{self.unreadable} that did not read as an event (cut short?)")
+        if not parts:
+            return None
+        return f"{self.unknown + self.unreadable} line(s) of events.jsonl skipped: " + (
+            ", ".join(parts)
+        )
+
+
+def read_events(path: Path) -> EventsRead:
+    """Every event of an events.jsonl, in order.
+
+    Raises:
+        OSError: the file cannot be read (FileNotFoundError: the run wrote none).
+        ConfigError: a line is in a newer format than this release reads (exit 2, one line).
+    """
+    events: list[Event] = []
+    unknown = unreadable = 0
+    for raw in path.read_bytes().split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):  # bad JSON or UTF-8: cut short, or garbled
+            unreadable += 1
+            continue
+        try:
+            events.append(event_from_json(obj))
+        except NewerFormatError as exc:
+            raise ConfigError(
+                "events.jsonl",
+                f"written in format {exc.found}, newer than this elastic-hydra reads",
+                str(path),
+                f"expected format {FORMAT} or earlier",
+                "Read it with the elastic-hydra that wrote it, or upgrade this one.",
+            ) from None
+        except UnknownEventKindError:
+            unknown += 1
+        except EventLineError:
+            unreadable += 1
+    return EventsRead(events=tuple(events), unknown=unknown, unreadable=unreadable)
+
+
+def last_start(events: Sequence[Event]) -> WorkersStarted | None:
+    """The latest start of the worker group (its attempt and pids); None before the first."""
+    return next((e for e in reversed(events) if isinstance(e, WorkersStarted)), None)
