@@ -1,7 +1,8 @@
 """The typed Hydra schema of a job (mutable `*Conf` dataclasses registered in Hydra's ConfigStore).
 
 Composition checks key names and types against it; `resolve` checks everything else. It is the one
-source of every key's default and help: `--help` and the keys table of docs/job-files.md are generated from it.
+source of every key's default and help: `--help` and the keys table of docs/job-files.md are
+generated from it.
 Defaults equal torchrun's where torchrun has one.
 """
 
@@ -22,7 +23,7 @@ CONF_MODULE = "elastic_hydra.conf"  # the presets (conf/ in the repository), as 
 
 
 def key(default: Any, help: str) -> Any:
-    """A schema field: its default and its one line of help (shown by --help and the docs' keys table)."""
+    """A schema field: its default and its one line of help (--help and the docs' keys table)."""
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
@@ -198,7 +199,7 @@ def describe(kind: object) -> str:
     return "a valid value"
 
 
-# ------------------------------------------------------------------ the keys, for --help and the docs
+# ------------------------------------------------------------ the keys, for --help and the docs
 def keys_help(cls: type = ElasticHydraConf, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default as YAML writes it, help) for every key of the schema, in order."""
     rows: list[tuple[str, str, str]] = []
