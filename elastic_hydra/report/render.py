@@ -227,7 +227,7 @@ def _root_cause(cause: FailureRecord, *, plain: bool, width: int) -> list[Render
     head.add_row("exit", Text(cause.exit, style="bold red"))
     head.add_row("time", when)
     parts: list[RenderableType] = [head]
-    stacks = tracebacks.from_json(cause.traceback)
+    stacks = cause.traceback
     if stacks and plain:
         parts.append(Text(tracebacks.format_stacks(stacks)))
     elif stacks:
