@@ -1,22 +1,30 @@
-"""The results of a launch as typed records, with their JSON: one worker's failure, the run's
-summary (summary.json) and one job's result (result.json). Pure data and pure functions.
+"""The results of a launch as typed records, with their JSON: one worker's exit, one worker's
+failure, the run's summary (summary.json) and one job's result (result.json). Pure data and pure
+functions.
 
+A failed worker is one `FailureRecord` from its exit to the report: built once when its exit is
+seen (its files read then), the same in memory, in summary.json and in the rendezvous store.
 The root cause is chosen here, by one rule, for this node's exits and for the job-wide records
-alike; a return code is described by one function. summary.json is read back by `report`, and
-failure records also arrive from other nodes through the rendezvous store, so `from_json` checks
-every field it reads (ValueError naming the field).
+alike; a return code is described by one function, and the records that tell one derive it
+(fields with init=False: written to JSON, recomputed rather than read back). summary.json is read
+back by `report`, and failure records also arrive from other nodes through the rendezvous store,
+so `from_json` checks every field it reads (ValueError naming the field).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import enum
 import re
 import signal
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from elastic_hydra.tracebacks import Stack
 
 T = TypeVar("T")
 R = TypeVar("R", bound="_Record")
@@ -121,7 +129,8 @@ def root_cause_of(
 
 # --------------------------------------------------------------------------------------- records
 class _Record:
-    """to_json/from_json for the frozen dataclasses below; from_json checks each field's type."""
+    """to_json/from_json for the frozen dataclasses below; from_json checks each field's type.
+    Derived fields (init=False) are written, and recomputed on reading rather than read."""
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
@@ -133,6 +142,8 @@ class _Record:
         hints = typing.get_type_hints(cls)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if not f.init:
+                continue
             if f.name in data:
                 values[f.name] = _checked(f"{cls.__name__}.{f.name}", data[f.name], hints[f.name])
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -141,8 +152,10 @@ class _Record:
 
 
 def _to_json(value: Any) -> Any:
-    if isinstance(value, _Record):
+    if isinstance(value, _Record | Stack):
         return value.to_json()
+    if isinstance(value, enum.Enum):
+        return value.value
     if isinstance(value, tuple | list):
         return [_to_json(v) for v in value]
     return value
@@ -161,8 +174,14 @@ def _checked(name: str, value: Any, kind: Any) -> Any:
     if kind is type(None):
         if value is None:
             return None
-    elif isinstance(kind, type) and issubclass(kind, _Record):
-        return kind.from_json(value)
+    elif isinstance(kind, type) and issubclass(kind, _Record | Stack):
+        try:
+            return kind.from_json(value)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    elif isinstance(kind, type) and issubclass(kind, enum.StrEnum) and isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return kind(value)
     elif origin is tuple and isinstance(value, list):
         return tuple(_checked(f"{name}[{i}]", v, args[0]) for i, v in enumerate(value))
     elif kind is float and isinstance(value, int | float) and not isinstance(value, bool):
@@ -176,9 +195,52 @@ def _checked(name: str, value: Any, kind: Any) -> Any:
     raise ValueError(f"{name}: expected {getattr(kind, '__name__', kind)}, got {value!r:.60}")
 
 
+def _told(record: WorkerExit | FailureRecord) -> None:
+    """Set a record's derived `signal` and `exit` from its return code (see `ReturnCode`)."""
+    told = describe_returncode(record.returncode)
+    object.__setattr__(record, "signal", told.signal)
+    object.__setattr__(record, "exit", told.explained)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerExit(_Record):
+    """One worker process that ended, failed or not, as the supervisor saw it."""
+
+    local_rank: int
+    rank: int
+    pid: int
+    returncode: int  # Popen's: >= 0 an exit code, < 0 killed by signal -returncode
+    wall_time: float
+    mono_time: float
+    attempt: int  # its group's start: 0, 1, ... (after failures and membership changes alike)
+    restart_count: int = 0  # restarts for failures before its start
+    terminated_by_launcher: bool = False
+    after_node_loss: bool = False  # failed because another node failed or died (broken collective)
+    signal: str | None = field(init=False, default=None)  # derived from returncode
+    exit: str = field(init=False, default="")  # derived: the return code, explained
+
+    def __post_init__(self) -> None:
+        _told(self)
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode != 0 and not self.terminated_by_launcher and not self.after_node_loss
+
+
+class FailureSource(enum.StrEnum):
+    """Where a failure record's message and traceback come from."""
+
+    EXCEPTION = "exception"  # the bootstrap's record of the exception that ended the worker
+    ERROR_FILE = "error_file"  # torch's @record (TORCHELASTIC_ERROR_FILE)
+    CRASH = "crash"  # a faulthandler dump (its fault file, or its stderr)
+    STDERR = "stderr"  # a traceback at the end of its stderr
+    NONE = "none"  # nothing: its exit code and the tail of its stderr tell all there is
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FailureRecord(_Record):
-    """One worker that ended with a non-zero code: how, and what it left behind."""
+    """One worker that ended with a non-zero code: how, and what it left behind. The same in
+    memory, in summary.json and in the rendezvous store (where its node adds the last three)."""
 
     rank: int
     local_rank: int
@@ -187,14 +249,14 @@ class FailureRecord(_Record):
     attempt: int  # its group's start (0, 1, ...), the n of its logs' attempt_<n>/
     restart_count: int = 0
     returncode: int
-    signal: str | None = None
-    exit: str = ""  # the return code, explained
-    time: float  # when it failed (wall clock)
+    signal: str | None = field(init=False, default=None)  # derived from returncode
+    exit: str = field(init=False, default="")  # derived: the return code, explained
+    time: float  # when it failed (wall clock): its own record's time if it wrote one, else seen
     terminated_by_launcher: bool = False
     after_node_loss: bool = False  # collateral of another node's failure or loss: never a cause
-    source: str = "none"  # "exception", "error_file", "crash", "stderr", "none"
-    message: str = ""
-    traceback: tuple[dict[str, Any], ...] = ()  # tracebacks.to_json
+    source: FailureSource = FailureSource.NONE
+    message: str = ""  # e.g. "ValueError: boom"
+    traceback: tuple[Stack, ...] = ()
     error_file: str | None = None
     stderr_tail: tuple[str, ...] = ()
     stdout_log: str = ""
@@ -204,9 +266,33 @@ class FailureRecord(_Record):
     rdzv_round: int | None = None
     node: str | None = None
 
+    def __post_init__(self) -> None:
+        _told(self)
+
+    @classmethod
+    def of(cls, exit: WorkerExit, *, host: str) -> FailureRecord:
+        """The record of `exit` before its files are read: what the supervisor saw."""
+        return cls(
+            rank=exit.rank,
+            local_rank=exit.local_rank,
+            host=host,
+            pid=exit.pid,
+            attempt=exit.attempt,
+            restart_count=exit.restart_count,
+            returncode=exit.returncode,
+            time=exit.wall_time,
+            terminated_by_launcher=exit.terminated_by_launcher,
+            after_node_loss=exit.after_node_loss,
+        )
+
     @property
     def failed(self) -> bool:
         return not self.terminated_by_launcher and not self.after_node_loss
+
+    @property
+    def error_text(self) -> str:
+        """Its error, else its last lines of stderr (a C++ abort leaves no error file)."""
+        return self.message or "\n".join(self.stderr_tail[-3:])
 
 
 def job_root_cause(records: Iterable[FailureRecord]) -> FailureRecord | None:
@@ -219,24 +305,6 @@ def job_root_cause(records: Iterable[FailureRecord]) -> FailureRecord | None:
         time=lambda r: r.time,
         rank=lambda r: r.rank,
     )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExitRecord(_Record):
-    """One worker process that ended, failed or not."""
-
-    local_rank: int
-    rank: int
-    pid: int
-    returncode: int
-    wall_time: float
-    mono_time: float
-    attempt: int
-    restart_count: int = 0
-    terminated_by_launcher: bool = False
-    after_node_loss: bool = False
-    signal: str | None = None
-    exit: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -317,7 +385,7 @@ class RunSummary(_Record):
     root_cause: FailureRecord | None = None
     failures: tuple[FailureRecord, ...] = ()
     job_failures: tuple[FailureRecord, ...] = ()
-    exits: tuple[ExitRecord, ...] = ()
+    exits: tuple[WorkerExit, ...] = ()
     hang: HangRecord | None = None  # the last hang found (hang.timeout)
     peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
 

@@ -2,7 +2,8 @@
 
 Pure: strings in, frozen data out. A traceback is a chain of `Stack`s, oldest first (the order
 Python prints them); the launcher's own frames (the bootstrap, runpy, torch's `@record` wrapper)
-are hidden.
+are hidden. One JSON form (`to_json`/`from_json`, checked field by field) serves the bootstrap's
+error file, summary.json and the rendezvous store.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 # Frames that belong to the launching machinery, not to the user's program.
 _LAUNCHER_FILES = (
@@ -27,6 +28,8 @@ _TB_HEADER = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<name>.*)$')
 _FAULT_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
 _FATAL = re.compile(r"^Fatal Python error: (?P<what>.*)$")
+_T = TypeVar("_T")
+_MISSING: Any = object()  # no default: the field is required
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,6 +38,27 @@ class Frame:
     lineno: int
     name: str
     line: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """Its JSON object (summary.json, the rendezvous store, the bootstrap's error file)."""
+        return {
+            "filename": self.filename,
+            "lineno": self.lineno,
+            "name": self.name,
+            "line": self.line,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Frame:
+        """A frame read back; ValueError when a field is missing or of the wrong type (a frame
+        without its source line, or with null for it, has none)."""
+        obj = _object("Frame", data)
+        return cls(
+            filename=_field(obj, "Frame", "filename", str),
+            lineno=_field(obj, "Frame", "lineno", int),
+            name=_field(obj, "Frame", "name", str),
+            line=_field(obj, "Frame", "line", str, default=""),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +70,58 @@ class Stack:
     frames: tuple[Frame, ...] = ()
     link: str | None = None  # "cause" / "context": how it led to the next exception printed
 
+    def to_json(self) -> dict[str, Any]:
+        """Its JSON object: the frames as a list, outermost first."""
+        return {
+            "exc_type": self.exc_type,
+            "exc_value": self.exc_value,
+            "frames": [f.to_json() for f in self.frames],
+            "link": self.link,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Stack:
+        """A stack read back; ValueError when a field is missing or of the wrong type."""
+        obj = _object("Stack", data)
+        frames = _field(obj, "Stack", "frames", list, default=[])
+        return cls(
+            exc_type=_field(obj, "Stack", "exc_type", str),
+            exc_value=_field(obj, "Stack", "exc_value", str),
+            frames=tuple(Frame.from_json(f) for f in frames),
+            link=_field(obj, "Stack", "link", str, default=None),
+        )
+
+
+def to_json(stacks: Iterable[Stack]) -> list[dict[str, Any]]:
+    """A chain of stacks as JSON, oldest first."""
+    return [s.to_json() for s in stacks]
+
+
+def from_json(data: object) -> tuple[Stack, ...]:
+    """A chain of stacks read back (as the bootstrap writes them, and records keep them);
+    ValueError when it is not a list of stacks."""
+    if not isinstance(data, list | tuple):
+        raise ValueError(f"stacks: expected a list, got {type(data).__name__}")
+    return tuple(Stack.from_json(s) for s in data)
+
+
+def _object(what: str, data: object) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{what}: expected an object, got {type(data).__name__}")
+    return data
+
+
+def _field(
+    data: Mapping[str, Any], what: str, key: str, kind: type[_T], default: Any = _MISSING
+) -> _T:
+    """data[key] if it is a `kind` (null or absent: `default`, where there is one)."""
+    value = data.get(key)
+    if value is None and default is not _MISSING:
+        return default  # type: ignore[no-any-return]
+    if type(value) is not kind and not (kind is list and isinstance(value, tuple)):
+        raise ValueError(f"{what}.{key}: expected {kind.__name__}, got {value!r:.60}")
+    return value  # type: ignore[return-value]
+
 
 def is_launcher_frame(frame: Frame) -> bool:
     path = frame.filename.replace("\\", "/")
@@ -55,27 +131,6 @@ def is_launcher_frame(frame: Frame) -> bool:
 def hide_launcher_frames(stacks: Iterable[Stack]) -> tuple[Stack, ...]:
     return tuple(
         replace(s, frames=tuple(f for f in s.frames if not is_launcher_frame(f))) for s in stacks
-    )
-
-
-def from_json(stacks: Sequence[Mapping[str, Any]]) -> tuple[Stack, ...]:
-    """Stacks as the bootstrap writes them (and summary.json keeps them)."""
-    return tuple(
-        Stack(
-            exc_type=str(s["exc_type"]),
-            exc_value=str(s["exc_value"]),
-            link=s.get("link"),
-            frames=tuple(
-                Frame(
-                    filename=str(f["filename"]),
-                    lineno=int(f["lineno"]),
-                    name=str(f["name"]),
-                    line=str(f.get("line") or ""),
-                )
-                for f in s.get("frames", ())
-            ),
-        )
-        for s in stacks
     )
 
 

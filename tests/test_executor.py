@@ -28,7 +28,7 @@ from elastic_hydra.agent.events import (
     WorkerExited,
 )
 from elastic_hydra.agent.executor import Executor
-from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit
+from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.restart_policy import backoff_delay
 from elastic_hydra.agent.seams import (
     Change,
@@ -53,7 +53,7 @@ from elastic_hydra.plan import (
     RestartWindow,
     Standalone,
 )
-from elastic_hydra.records import PeerFailure
+from elastic_hydra.records import FailureRecord, PeerFailure, WorkerExit
 from elastic_hydra.rundir import RunDir
 
 SIGTERM = int(signal.SIGTERM)
@@ -272,7 +272,7 @@ class FakeRendezvous:
         self.changes = joined + list(changes or [])
         self.on_join = on_join
         self.calls: list[str] = []
-        self.published: list[WorkerExit] = []
+        self.published: list[FailureRecord] = []
         self.joins = 0
 
     def next_round(self) -> NodeAssignment:
@@ -292,8 +292,8 @@ class FakeRendezvous:
             raise change
         return change
 
-    def publish_failure(self, exit: WorkerExit) -> None:
-        self.published.append(exit)
+    def publish_failure(self, record: FailureRecord) -> None:
+        self.published.append(record)
 
     def end(self, status: Status, observer: Observer) -> JobFailures:
         self.calls.append("end")
@@ -364,6 +364,12 @@ class Harness:
     factory: FakeFactory
     observer: ListObserver
     errors: dict[int, str] = field(default_factory=dict)  # a failed rank's error text
+    reads: list[WorkerExit] = field(default_factory=list)  # each read of a failed worker's files
+
+    def read_failure(self, exit: WorkerExit) -> FailureRecord:
+        self.reads.append(exit)
+        record = FailureRecord.of(exit, host="node")
+        return dataclasses.replace(record, message=self.errors.get(exit.rank, ""))
 
     def run(self) -> RunOutcome:
         executor = Executor(
@@ -373,7 +379,7 @@ class Harness:
             clock=self.clock,
             observer=self.observer,
             stop=self.stop,
-            failure_text=lambda e: self.errors.get(e.rank, ""),
+            read_failure=self.read_failure,
         )
         return executor.run()
 
@@ -788,6 +794,8 @@ def test_workers_that_fail_because_a_node_died_are_its_collateral_in_an_elastic_
     assert (outcome.attempts, outcome.restarts) == (2, 0)
     (broken,) = [e for e in outcome.exits if e.returncode == 1]
     assert broken.after_node_loss and not broken.failed
+    (record,) = [r for r in outcome.failures if r.returncode == 1]
+    assert record.after_node_loss and not record.failed  # its record says the same
     assert rdzv.published == []  # no node is told of a failure that was not one
     (event,) = h.observer.of(MembershipChange)
     assert event.change is ChangeKind.LEFT
@@ -805,6 +813,24 @@ def test_a_real_failure_in_an_elastic_job_counts_at_once() -> None:
     assert outcome.root_cause is not None and outcome.root_cause.rank == 0
     assert [e.rank for e in rdzv.published] == [0]
     assert h.clock.now - T0 < 1.2 + 2.0 + 1  # no wait for the departure bound
+
+
+def test_a_failed_workers_files_are_read_once_for_the_check_the_store_and_the_summary() -> None:
+    rdzv = FakeRendezvous([assignment(nodes=2)])
+    plan = make_plan(dynamic=True, restart=RestartSpec(max_restarts=0))
+    h = harness({0: {0: (1, 1.2)}}, plan=plan, rdzv=rdzv)
+    h.errors[0] = "ValueError: boom"
+    outcome = h.run()
+
+    # Rank 0 failed (checked for a lost peer, then published); rank 1 was stopped.
+    assert sorted((r.rank, r.terminated_by_launcher) for r in outcome.failures) == [
+        (0, False),
+        (1, True),
+    ]
+    assert sorted(e.rank for e in h.reads) == [0, 1]
+    (published,) = rdzv.published
+    (cause,) = [r for r in outcome.failures if r.failed]
+    assert published is cause and cause.message == "ValueError: boom"
 
 
 def test_a_ranks_own_fault_is_not_collateral_of_the_restart_it_caused() -> None:

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -218,6 +219,56 @@ def test_every_node_names_the_job_wide_root_cause(tmp_path: Path) -> None:
     assert "another node ended the job" in other["message"]
     text = next(a for a in j.agents if a.summary() is not None and a.summary() == other).text()
     assert "root cause  rank 3 (local rank 1) on" in text and "(node 1)" in text, text
+
+
+# A launcher that counts the agent's reads of its workers' stderr logs, one path a line.
+COUNTING_AGENT = """
+import sys
+from pathlib import Path
+
+from elastic_hydra.report import failure_files
+
+log = Path(sys.argv.pop(1))
+read_tail = failure_files.read_tail
+
+
+def counted(path, *args, **kwargs):
+    if path.name == "stderr.log":
+        with log.open("a") as out:
+            out.write(f"{path}\\n")
+    return read_tail(path, *args, **kwargs)
+
+
+failure_files.read_tail = counted
+from elastic_hydra.cli.entry import main
+
+main()
+"""
+
+
+def test_a_failed_workers_files_are_read_once_though_checked_published_and_summarised(
+    tmp_path: Path,
+) -> None:
+    """On a node of a multi-node job, a failure is checked (a lost peer, or a fault of its own?),
+    published to the store and summarised: one read of its files serves all three."""
+    agent = tmp_path / "counting_agent.py"
+    agent.write_text(COUNTING_AGENT)
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        for i in range(2):
+            overrides = ("nnodes=2", "nproc_per_node=1", "rdzv.is_host=false", *FAST,
+                         f"logs.root={tmp_path / f'agent{i}'}")  # fmt: skip
+            command = j.command(*overrides)[len(ELASTIC_HYDRA) :]
+            log = tmp_path / f"reads{i}.txt"
+            j.start(argv=[sys.executable, str(agent), str(log), *command], env={"FAIL_RANK": "1"})
+        assert j.finish(AGENT_DEADLINE) == [1, 1], j.explain()
+
+    for i, node in enumerate(j.agents):
+        cause = node.summary()["root_cause"]
+        assert (cause["rank"], cause["message"]) == (1, "ValueError: boom from rank 1"), cause
+        reads = Counter((tmp_path / f"reads{i}.txt").read_text().splitlines())
+        # Every failed worker of the node (its own failure, or its rank stopped by the launcher
+        # when the job ended) is read, and once.
+        assert reads and set(reads.values()) == {1}, reads
 
 
 # ------------------------------------------------------------------------ rendezvous problems

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,9 @@ import pytest
 from conftest import ELASTIC_HYDRA, REPO, WORKERS
 from rich.console import Console
 
-from elastic_hydra.agent.outcome import FailureDetail, RunOutcome, Status, WorkerExit, WorkerFailure
+from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.plan import LaunchPlan, NodeRange, PythonScript, Standalone
-from elastic_hydra.records import RunSummary
+from elastic_hydra.records import FailureRecord, FailureSource, RunSummary, WorkerExit
 from elastic_hydra.report import render
 from elastic_hydra.report.summary import summarize
 from elastic_hydra.tracebacks import Frame, Stack
@@ -60,10 +61,13 @@ def exit_(rank: int, returncode: int, *, by_launcher: bool = False, at: float = 
     )
 
 
-def detail(rank: int, **kw: Any) -> FailureDetail:
-    base = f"{RUN_DIR}/attempt_0/{rank}"
-    kw.setdefault("source", "none")
-    return FailureDetail(stdout_log=f"{base}/stdout.log", stderr_log=f"{base}/stderr.log", **kw)
+def failure(exit: WorkerExit, **found: Any) -> FailureRecord:
+    """The record of a failed exit, with what its files told (`found`)."""
+    base = f"{RUN_DIR}/attempt_0/{exit.rank}"
+    record = FailureRecord.of(exit, host="node0")
+    return replace(
+        record, stdout_log=f"{base}/stdout.log", stderr_log=f"{base}/stderr.log", **found
+    )
 
 
 CHAIN = (
@@ -90,51 +94,41 @@ CRASH = Stack(
 COLLATERAL = [(0, -15), (2, -15)]
 
 
-def failed_summary(cause: WorkerFailure, reason: str) -> RunSummary:
+def failed_summary(cause: WorkerExit, reason: str, **found: Any) -> RunSummary:
     others = [exit_(r, rc, by_launcher=True, at=0.01) for r, rc in COLLATERAL]
-    exits = (cause.exit, *others)
-    outcome = RunOutcome(status=Status.FAILED, attempts=1, reason=reason, exits=exits)
-    failures = [
-        cause,
-        *(WorkerFailure(exit=e, detail=detail(e.rank), host="node0") for e in others),
-    ]
-    return summarize(plan(), outcome, failures, host="node0", started=T0 - 1, duration=1.25)
+    outcome = RunOutcome(
+        status=Status.FAILED,
+        attempts=1,
+        reason=reason,
+        exits=(cause, *others),
+        failures=(failure(cause, **found), *(failure(e) for e in others)),
+    )
+    return summarize(plan(), outcome, host="node0", started=T0 - 1, duration=1.25)
 
 
 CASES: dict[str, RunSummary] = {
     "exception": failed_summary(
-        WorkerFailure(
-            exit=exit_(1, 1),
-            detail=detail(1, source="exception", message="ValueError: bad batch", stacks=CHAIN),
-            host="node0",
-        ),
+        exit_(1, 1),
         "exit code 1 and restarts are off (restart.max_restarts=0)",
+        source=FailureSource.EXCEPTION,
+        message="ValueError: bad batch",
+        traceback=CHAIN,
     ),
     "crash": failed_summary(
-        WorkerFailure(
-            exit=exit_(1, -signal.SIGSEGV),
-            detail=detail(
-                1,
-                source="crash",
-                message="Fatal Python error: Segmentation fault",
-                stacks=(CRASH,),
-                stderr_tail=("loading shard 3",),
-            ),
-            host="node0",
-        ),
+        exit_(1, -signal.SIGSEGV),
         "signal SIGSEGV (11) and restarts are off (restart.max_restarts=0)",
+        source=FailureSource.CRASH,
+        message="Fatal Python error: Segmentation fault",
+        traceback=(CRASH,),
+        stderr_tail=("loading shard 3",),
     ),
     "killed": failed_summary(
-        WorkerFailure(
-            exit=exit_(1, -signal.SIGKILL),
-            detail=detail(1, source="none", stderr_tail=("epoch 1", "allocating 80 GiB")),
-            host="node0",
-        ),
+        exit_(1, -signal.SIGKILL),
         "signal SIGKILL (9) and restarts are off (restart.max_restarts=0)",
+        stderr_tail=("epoch 1", "allocating 80 GiB"),
     ),
     "shell_exit": failed_summary(
-        WorkerFailure(exit=exit_(1, 137), detail=detail(1, source="none"), host="node0"),
-        "exit code 137 and restarts are off (restart.max_restarts=0)",
+        exit_(1, 137), "exit code 137 and restarts are off (restart.max_restarts=0)"
     ),
 }
 
@@ -206,9 +200,15 @@ def test_real_run_report_matches_golden(tmp_path: Path) -> None:
 def test_a_rank_that_exited_0_as_the_launcher_stopped_the_others_is_not_called_terminated() -> None:
     # Rank 0 returned at once while rank 1 raised: the stop that followed found it done (or it
     # heard SIGTERM and ended well); either way it exited 0, which the table says as such.
-    cause = WorkerFailure(exit=exit_(1, 1), detail=detail(1, source="none"), host="node0")
+    cause = exit_(1, 1)
     done = exit_(0, 0, by_launcher=True, at=0.01)
-    outcome = RunOutcome(status=Status.FAILED, attempts=1, reason="r", exits=(cause.exit, done))
-    summary = summarize(plan(), outcome, [cause], host="node0", started=T0 - 1, duration=1.0)
+    outcome = RunOutcome(
+        status=Status.FAILED,
+        attempts=1,
+        reason="r",
+        exits=(cause, done),
+        failures=(failure(cause),),
+    )
+    summary = summarize(plan(), outcome, host="node0", started=T0 - 1, duration=1.0)
     (row,) = [ln for ln in rendered(summary, plain=True).splitlines() if ln.startswith("0 ")]
     assert row.split()[-2:] == ["exited", "0"], row

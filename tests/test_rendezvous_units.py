@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from test_executor import make_plan
 
-from elastic_hydra.agent.outcome import WorkerExit, root_cause
+from elastic_hydra.agent.outcome import root_cause
 from elastic_hydra.agent.seams import ChangeKind
 from elastic_hydra.records import (
     FailureRecord,
     PeerFailure,
     RunSummary,
+    WorkerExit,
     job_root_cause,
     lost_a_peer,
 )
@@ -256,7 +257,7 @@ A, B = Node("10.0.0.1", 11), Node("10.0.0.2", 22)
 
 def watching(state: State, monkeypatch: pytest.MonkeyPatch) -> tuple[TorchRendezvous, list[float]]:
     """Node A's view of a round of A and B, B a torchrun agent; its clock in the list."""
-    rdzv = TorchRendezvous(make_plan(dynamic=True), SimpleNamespace(signum=None), lambda e, n: {})
+    rdzv = TorchRendezvous(make_plan(dynamic=True), SimpleNamespace(signum=None))
     rdzv.handler = FakeHandler(state, A)
     rdzv._members, rdzv._round, rdzv._torchrun = frozenset({A, B}), 0, {B: (1, "2-3")}
     clock = [100.0]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from elastic_hydra.plan import to_dict
 from elastic_hydra.tracebacks import (
     Frame,
     Stack,
@@ -20,6 +19,7 @@ from elastic_hydra.tracebacks import (
     parse_error_record,
     parse_fault,
     parse_python,
+    to_json,
 )
 
 CHAINED = """\
@@ -197,15 +197,42 @@ def test_torchs_new_format_and_our_own_record() -> None:
     )
     record = {
         "message": {"message": "KeyError: 'k'"},
-        "elastic_hydra": {"time": 12.5, "stacks": to_dict((ours,))},
+        "elastic_hydra": {"time": 12.5, "stacks": to_json((ours,))},
     }
     message, stacks, when = parse_error_record(json.loads(json.dumps(record)))
     assert (message, stacks, when) == ("KeyError: 'k'", (ours,), 12.5)
-    assert from_json(to_dict((ours,))) == (ours,)
+    assert from_json(to_json((ours,))) == (ours,)
+
+
+def test_stacks_read_back_from_json_are_checked_field_by_field() -> None:
+    chain = (
+        Stack(exc_type="KeyError", exc_value="'k'", link="cause",
+              frames=(Frame(filename="/j.py", lineno=3, name="f", line="d['k']"),)),
+        Stack(exc_type="ValueError", exc_value="v"),
+    )  # fmt: skip
+    assert from_json(json.loads(json.dumps(to_json(chain)))) == chain
+    # A frame whose source was not found: no line, or null for it.
+    bare = {"filename": "/j.py", "lineno": 3, "name": "f"}
+    assert Frame.from_json(bare) == Frame.from_json({**bare, "line": None})
+    assert Frame.from_json(bare) == Frame(filename="/j.py", lineno=3, name="f", line="")
+    good = chain[0].to_json()
+    for key, bad, field in [
+        ("exc_type", 7, "Stack.exc_type"),
+        ("exc_value", None, "Stack.exc_value"),
+        ("link", ["cause"], "Stack.link"),
+        ("frames", "f", "Stack.frames"),
+        ("frames", [{**bare, "lineno": "3"}], "Frame.lineno"),
+        ("frames", [{**bare, "lineno": True}], "Frame.lineno"),
+        ("frames", [7], "Frame"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            Stack.from_json({**good, key: bad})
+    with pytest.raises(ValueError, match="stacks"):
+        from_json({"exc_type": "E"})
 
 
 def test_lines_after_a_traceback_in_a_log_do_not_join_its_message(tmp_path: Path) -> None:
-    from elastic_hydra.agent.outcome import WorkerExit
+    from elastic_hydra.records import WorkerExit
     from elastic_hydra.report.failure_files import read_failure
     from elastic_hydra.rundir import RunDir
 
@@ -218,9 +245,9 @@ def test_lines_after_a_traceback_in_a_log_do_not_join_its_message(tmp_path: Path
     exit_ = WorkerExit(
         local_rank=1, rank=1, pid=9, returncode=1, wall_time=0.0, mono_time=0.0, attempt=0
     )
-    detail = read_failure(run, exit_, tail_lines=5)
-    assert (detail.source, detail.message) == ("stderr", "ValueError: boom")
-    assert detail.stderr_tail[-1] == "[W] process group has NOT been destroyed"
+    found = read_failure(run, exit_, host="h", tail_lines=5)
+    assert (found.source, found.message) == ("stderr", "ValueError: boom")
+    assert found.stderr_tail[-1] == "[W] process group has NOT been destroyed"
 
 
 @pytest.mark.parametrize(
@@ -235,7 +262,7 @@ def test_an_error_file_of_no_known_form_is_passed_over(
     tmp_path: Path, record: dict[str, object]
 ) -> None:
     # A worker may write anything to its error file; the stderr tail tells what happened.
-    from elastic_hydra.agent.outcome import WorkerExit
+    from elastic_hydra.records import WorkerExit
     from elastic_hydra.report.failure_files import read_failure
     from elastic_hydra.rundir import RunDir
 
@@ -246,5 +273,5 @@ def test_an_error_file_of_no_known_form_is_passed_over(
     exit_ = WorkerExit(
         local_rank=0, rank=0, pid=9, returncode=1, wall_time=0.0, mono_time=0.0, attempt=0
     )
-    detail = read_failure(run, exit_, tail_lines=5)
-    assert (detail.source, detail.message) == ("stderr", "ValueError: boom")
+    found = read_failure(run, exit_, host="h", tail_lines=5)
+    assert (found.source, found.message) == ("stderr", "ValueError: boom")

@@ -11,7 +11,8 @@ processes (`launch.wiring`) and against fakes with a fake clock (the executor te
 - `worker_env`: each worker's environment (torchrun's contract plus ours), a pure function of
   the plan, the rendezvous result and the attempt.
 - `events`: the run's timeline, one typed record per event.
-- `outcome`: what happened to the workers and to the whole run.
+- `outcome`: how the whole run ended: its workers' exits and failure records (the root's
+  `records`; a failed worker's files are read once, through a seam, when its exit is seen).
 
 Imports: the root only. Implementations live in workers, rendezvous and hangs, which import this.
 """

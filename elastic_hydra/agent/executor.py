@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from elastic_hydra.agent import events, restart_policy
-from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit, root_cause
+from elastic_hydra.agent.outcome import RunOutcome, Status, root_cause
 from elastic_hydra.agent.seams import (
     ChangeKind,
     Clock,
@@ -27,7 +27,14 @@ from elastic_hydra.agent.seams import (
 )
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.plan import Action, Dynamic, HangAction, LaunchPlan, Standalone, Static
-from elastic_hydra.records import HangRecord, PeerFailure, describe_returncode, lost_a_peer
+from elastic_hydra.records import (
+    FailureRecord,
+    HangRecord,
+    PeerFailure,
+    WorkerExit,
+    describe_returncode,
+    lost_a_peer,
+)
 
 STOP_SIGNAL_WINDOW = 0.5  # seconds a worker's death by a stop signal waits for the agent's own
 _STOP_SIGNAL_NAMES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
@@ -51,6 +58,8 @@ class _State:
     restart_times: list[float] = field(default_factory=list)
     attempts: int = 0  # starts of the worker group: after failures and membership changes
     exits: list[WorkerExit] = field(default_factory=list)
+    # Each exit's failure record by (attempt, local rank): its files read once, for all uses.
+    failures: dict[tuple[int, int], FailureRecord] = field(default_factory=dict)
     stuck: list[int] = field(default_factory=list)
     node: NodeAssignment | None = None
     reason: str = ""
@@ -70,8 +79,8 @@ class Executor:
         clock: Clock,
         observer: Observer,
         stop: StopRequest,
+        read_failure: Callable[[WorkerExit], FailureRecord],
         hang: HangWatch | None = None,
-        failure_text: Callable[[WorkerExit], str] = lambda _exit: "",
     ) -> None:
         self.plan = plan
         self.rdzv = rendezvous
@@ -80,7 +89,7 @@ class Executor:
         self.observer = observer
         self.stop_request = stop
         self.state = _State()
-        self.failure_text = failure_text  # a failed worker's error and stderr tail
+        self.read_failure = read_failure  # a failed worker's record, from its files
         # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
@@ -157,8 +166,8 @@ class Executor:
             if failed:
                 if (collateral := self._collateral(group, node, failed)) is not None:
                     return collateral
-                for record in failed:
-                    self.rdzv.publish_failure(record)
+                for e in failed:
+                    self.rdzv.publish_failure(self._failure(e))
                 first = failed[0]
                 how = describe_returncode(first.returncode).short
                 return _Ended.FAILED, f"rank {first.rank} {how}"
@@ -222,11 +231,7 @@ class Executor:
         deadline = self.clock.mono() + spec.departure_bound + spec.keep_alive_interval + 2
         while self.stop_request.signum is None and self.clock.mono() < deadline:
             if (ended := self._membership(collateral=failed)) is not None:
-                collateral = {id(r) for r in failed}
-                self.state.exits = [
-                    replace(e, after_node_loss=True) if id(e) in collateral else e
-                    for e in self.state.exits
-                ]
+                self._after_node_loss(failed)
                 ranks = ",".join(str(r.rank) for r in failed)
                 return ended[0], f"{ended[1]} (rank(s) {ranks} failed with it)"
             if not group.running():  # nothing to wait on: wait returns at once
@@ -247,7 +252,25 @@ class Executor:
 
     def _lost_peers(self, failed: Sequence[WorkerExit]) -> bool:
         """Whether every one of these failures reads as a lost peer, not a fault of its own."""
-        return all(lost_a_peer(self.failure_text(r)) for r in failed)
+        return all(lost_a_peer(self._failure(r).error_text) for r in failed)
+
+    def _after_node_loss(self, failed: Sequence[WorkerExit]) -> None:
+        """Mark these failures as collateral of another node's, in the exits and the records."""
+        collateral = {id(r) for r in failed}
+        self.state.exits = [
+            replace(e, after_node_loss=True) if id(e) in collateral else e for e in self.state.exits
+        ]
+        for r in failed:
+            self.state.failures[(r.attempt, r.local_rank)] = replace(
+                self._failure(r), after_node_loss=True
+            )
+
+    def _failure(self, exit: WorkerExit) -> FailureRecord:
+        """The record of an exit with a non-zero code: its files read at the first need only."""
+        key = (exit.attempt, exit.local_rank)
+        if (record := self.state.failures.get(key)) is None:
+            record = self.state.failures[key] = self.read_failure(exit)
+        return record
 
     def _membership(self, collateral: Sequence[WorkerExit] = ()) -> tuple[_Ended, str] | None:
         try:
@@ -394,6 +417,7 @@ class Executor:
             restarts=self.state.restarts,
             reason=reason,
             exits=tuple(self.state.exits),
+            failures=tuple(self._failure(e) for e in self.state.exits if e.returncode != 0),
             signal=signum,
             stuck_pids=tuple(self.state.stuck),
             hang=self.state.hang,

@@ -1,6 +1,6 @@
-"""What happened to workers and to the whole run. Pure data and pure functions.
+"""How the whole run ended on this node, and the root cause among its exits. Pure.
 
-A `returncode` follows Popen: >= 0 an exit code, < 0 killed by signal -returncode.
+The facts of one worker (its exit, its failure record) are the root's `records`.
 """
 
 from __future__ import annotations
@@ -11,28 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elastic_hydra.errors import EXIT_OK, EXIT_RENDEZVOUS, EXIT_WORKERS_FAILED
-from elastic_hydra.records import HangRecord, PeerFailure, root_cause_of
-from elastic_hydra.tracebacks import Stack
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerExit:
-    """One worker process that ended."""
-
-    local_rank: int
-    rank: int
-    pid: int
-    returncode: int
-    wall_time: float
-    mono_time: float
-    attempt: int  # its group's start: 0, 1, ... (after failures and membership changes alike)
-    restart_count: int = 0  # restarts for failures before its start
-    terminated_by_launcher: bool = False
-    after_node_loss: bool = False  # failed because another node failed or died (broken collective)
-
-    @property
-    def failed(self) -> bool:
-        return self.returncode != 0 and not self.terminated_by_launcher and not self.after_node_loss
+from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure, WorkerExit, root_cause_of
 
 
 def root_cause(exits: Iterable[WorkerExit]) -> WorkerExit | None:
@@ -44,35 +23,6 @@ def root_cause(exits: Iterable[WorkerExit]) -> WorkerExit | None:
         time=lambda e: e.mono_time,
         rank=lambda e: e.rank,
     )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FailureDetail:
-    """What a failed worker left behind, read from its files after it exited."""
-
-    source: str  # "exception" (bootstrap), "error_file" (@record), "crash", "stderr", "none"
-    message: str = ""  # e.g. "ValueError: boom"
-    stacks: tuple[Stack, ...] = ()
-    reported_time: float | None = None  # when the worker recorded the error (wall clock)
-    error_file: str | None = None
-    stderr_tail: tuple[str, ...] = ()
-    stdout_log: str = ""
-    stderr_log: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerFailure:
-    """A worker that ended with a non-zero code, and what it left behind."""
-
-    exit: WorkerExit
-    detail: FailureDetail
-    host: str
-
-    @property
-    def time(self) -> float:
-        """When it failed (wall clock): its own record if it wrote one, else when it was seen."""
-        reported = self.detail.reported_time
-        return self.exit.wall_time if reported is None else min(reported, self.exit.wall_time)
 
 
 class Status(enum.Enum):
@@ -91,6 +41,7 @@ class RunOutcome:
     reason: str
     restarts: int = 0  # of which restarts for failures
     exits: tuple[WorkerExit, ...] = ()
+    failures: tuple[FailureRecord, ...] = ()  # of every exit with a non-zero code, read once
     signal: int | None = None
     stuck_pids: tuple[int, ...] = ()
     hang: HangRecord | None = None  # the last hang found

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from elastic_hydra.agent.outcome import Status, WorkerExit
+from elastic_hydra.agent.outcome import Status
 from elastic_hydra.plan import Endpoint
-from elastic_hydra.records import HangRecord, PeerFailure
+from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure
 
 if TYPE_CHECKING:  # events imports ChangeKind from here: at run time, a cycle
     from elastic_hydra.agent.events import Event
@@ -64,7 +64,7 @@ class JobFailures:
     """Every node's failure records the rendezvous holds that passed the checks, and how many
     did not (malformed, unsigned, or from no node of this job)."""
 
-    records: tuple[dict[str, Any], ...] = ()
+    records: tuple[FailureRecord, ...] = ()
     ignored: int = 0
     last_round: int | None = None  # the round this node ended in; None: no rounds (one node)
 
@@ -91,8 +91,9 @@ class Rendezvous(Protocol):
     def poll(self) -> Change | None:
         """A membership change since the round completed, or None. Raises RendezvousError."""
 
-    def publish_failure(self, exit: WorkerExit) -> None:
-        """Tell the other nodes about a real worker failure on this one (job-wide root cause)."""
+    def publish_failure(self, record: FailureRecord) -> None:
+        """Tell the other nodes about a real worker failure on this one (job-wide root cause);
+        the rendezvous adds where it happened (node, node rank, round)."""
 
     def end(self, status: Status, observer: Observer) -> JobFailures:
         """The job ended here with `status`: after success wait for the other nodes, after a

@@ -16,23 +16,23 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from elastic_hydra import stopsignals
 from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.executor import Executor
-from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
+from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import JobFailures, NodeAssignment, Rendezvous
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs.watch import JobShare, LocalHangWatch
 from elastic_hydra.plan import Dynamic, LaunchPlan
-from elastic_hydra.records import FailureRecord, RunSummary, job_root_cause
+from elastic_hydra.records import FailureRecord, RunSummary, WorkerExit, job_root_cause
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
 from elastic_hydra.report import notices
 from elastic_hydra.report.failure_files import read_failure
-from elastic_hydra.report.summary import failure_record, summarize
+from elastic_hydra.report.summary import summarize
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_private
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.workers.console import ConsoleSink
@@ -201,21 +201,19 @@ class LocalWorkerFactory:
         return text.encode()
 
 
-def make_rendezvous(plan: LaunchPlan, flag: StopFlag, run: RunDir) -> Rendezvous:
+def make_rendezvous(plan: LaunchPlan, flag: StopFlag) -> Rendezvous:
     if not isinstance(plan.rdzv, Dynamic):
         return LocalRendezvous(plan)
     from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
 
-    def describe(exit: WorkerExit, node: NodeAssignment) -> dict[str, Any]:
-        detail = read_failure(run, exit, plan.logs.tail_lines)
-        record = failure_record(WorkerFailure(exit=exit, detail=detail, host=_host()))
-        return {**record.to_json(), "node_rank": node.group_rank}
-
     if plan.logs.quiet:
-        return TorchRendezvous(plan, flag, describe)
-    return TorchRendezvous(
-        plan, flag, describe, notices.say, notices.status if notices.live() else None
-    )
+        return TorchRendezvous(plan, flag)
+    return TorchRendezvous(plan, flag, notices.say, notices.status if notices.live() else None)
+
+
+def _read_failure(run: RunDir, tail_lines: int, exit: WorkerExit) -> FailureRecord:
+    """A failed worker's record, read from its files (the executor keeps it: read once)."""
+    return read_failure(run, exit, host=_host(), tail_lines=tail_lines)
 
 
 def _job_share(rdzv: Rendezvous) -> JobShare | None:
@@ -270,53 +268,14 @@ def _failed_elsewhere(
     )
 
 
-def _failure_text(run: RunDir, exit: WorkerExit, tail_lines: int) -> str:
-    """A failed worker's error (else its last lines of stderr: a C++ abort leaves no error
-    file), to tell a lost peer from a fault of its own."""
-    detail = read_failure(run, exit, tail_lines)
-    return detail.message or "\n".join(detail.stderr_tail[-3:])
-
-
 def _job_failures(ended: JobFailures) -> list[FailureRecord]:
-    """The other nodes' records, typed; a record that does not read as one is ignored, and so
-    said, like one that failed the store's checks."""
-    records, ignored = [], ended.ignored
-    for raw in ended.records:
-        try:
-            records.append(FailureRecord.from_json(raw))
-        except ValueError:
-            ignored += 1
-    if ignored:
+    """Every node's records; those that failed the store's checks are said to be ignored."""
+    if ended.ignored:
         notices.warn(
-            f"{ignored} failure record(s) in the rendezvous store were ignored "
+            f"{ended.ignored} failure record(s) in the rendezvous store were ignored "
             "(malformed, unsigned or from no node of this job)"
         )
-    return records
-
-
-def _summary(
-    plan: LaunchPlan,
-    *,
-    outcome: RunOutcome,
-    run_dir: RunDir,
-    job_failures: list[FailureRecord],
-    started_at: float,
-    started: float,
-) -> RunSummary:
-    failures = [
-        WorkerFailure(exit=e, detail=read_failure(run_dir, e, plan.logs.tail_lines), host=_host())
-        for e in outcome.exits
-        if e.returncode != 0
-    ]
-    return summarize(
-        plan,
-        outcome,
-        failures,
-        host=_host(),
-        started=started_at,
-        duration=time.monotonic() - started,
-        job_failures=job_failures,
-    )
+    return list(ended.records)
 
 
 def _report(
@@ -353,7 +312,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     factory = LocalWorkerFactory(plan, run_dir, flag, guard, contain)
     try:
         with handle_signals(flag):
-            rdzv = make_rendezvous(plan, flag, run_dir)
+            rdzv = make_rendezvous(plan, flag)
             if isinstance(rdzv, LocalRendezvous):
                 factory.store_fd = rdzv.store_fd
             outcome = Executor(
@@ -364,7 +323,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
                 observer=events,
                 stop=flag,
                 hang=LocalHangWatch(plan, run_dir, _host(), job=_job_share(rdzv)),
-                failure_text=lambda e: _failure_text(run_dir, e, plan.logs.tail_lines),
+                read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
             ).run()
             ended = rdzv.end(outcome.status, events)
             job_failures = _job_failures(ended)
@@ -385,13 +344,13 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             rdzv.close()
         events.close()
         flag.close()
-    summary = _summary(
+    summary = summarize(
         plan,
-        outcome=outcome,
-        run_dir=run_dir,
+        outcome,
+        host=_host(),
+        started=started_at,
+        duration=time.monotonic() - started,
         job_failures=job_failures,
-        started_at=started_at,
-        started=started,
     )
     save_summary(run_dir, summary)
     _report(plan, outcome, summary, factory.sink)

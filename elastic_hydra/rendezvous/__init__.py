@@ -12,8 +12,9 @@ What the nodes share besides the rendezvous itself lives in the store under our 
 
 - `store_keys`: rank assignment (torchrun's keys), node facts (config digests), failure records,
   the exit barrier.
-- `sealed_records`: failure records as untrusted input: size caps, type checks, membership,
-  and an HMAC when `ELASTIC_HYDRA_RDZV_SECRET` is set.
+- `sealed_records`: failure records as untrusted input: size caps, then read as any
+  `FailureRecord` is (`from_json`), membership, and an HMAC when `ELASTIC_HYDRA_RDZV_SECRET`
+  is set.
 - `server`: `elastic-hydra rdzv-server`, the c10d store as a process of its own.
 
 Imports: hangs (the hang share rides on the store), agent and the root.

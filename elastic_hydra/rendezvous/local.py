@@ -5,9 +5,10 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from elastic_hydra.agent.outcome import Status, WorkerExit
+from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import JobFailures, NodeAssignment, Observer
 from elastic_hydra.plan import Endpoint, LaunchPlan, PythonModule, PythonScript, Standalone, Static
+from elastic_hydra.records import FailureRecord
 
 
 def reserve_port(host: str) -> socket.socket:
@@ -91,7 +92,7 @@ class LocalRendezvous:
     def poll(self) -> None:
         return None  # membership is fixed
 
-    def publish_failure(self, exit: WorkerExit) -> None:
+    def publish_failure(self, record: FailureRecord) -> None:
         pass  # one node, or static nodes without a shared store: the summary is this node's
 
     def end(self, status: Status, observer: Observer) -> JobFailures:

@@ -1,8 +1,9 @@
 """Failure records shared through the rendezvous store: sealed by their node, checked by every node.
 
 Whoever reaches the store can write into it, so a record read back is untrusted input: it is
-size-capped, type-checked field by field (a malformed one is skipped, never a crash), accepted only
-from a node that took part in the job's rounds, and, when the nodes share a secret
+size-capped (the whole record, each text, each list, each number, its depth), read through
+`FailureRecord.from_json` (a malformed one is skipped, never a crash), accepted only from a node
+that took part in the job's rounds, and, when the nodes share a secret
 (`ELASTIC_HYDRA_RDZV_SECRET`, from the agents' environment only), only with a valid HMAC-SHA256.
 Pure: no I/O; the caller reads the store.
 """
@@ -17,38 +18,27 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_hydra.records import FailureRecord
+
 SECRET_ENV = "ELASTIC_HYDRA_RDZV_SECRET"
 MAX_RECORD_BYTES = 64 << 10
 MAX_TEXT = 4096
 MAX_ITEMS = 200
-
-_INT = (
-    "rank",
-    "local_rank",
-    "pid",
-    "attempt",
-    "restart_count",
-    "returncode",
-    "node_rank",
-    "rdzv_round",
-)
-_TEXT = ("host", "exit", "source", "message", "error_file", "stdout_log", "stderr_log", "node")
-_OPTIONAL_TEXT = ("signal", "message", "error_file", "stdout_log", "stderr_log", "source")
-_FRAME = {"filename": str, "lineno": int, "name": str, "line": str}
-_STACK_TEXT = ("exc_type", "exc_value")
+MAX_DEPTH = 6  # record > traceback > stack > frames > frame > value
+MAX_INT = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
 class Checked:
     """The records that passed, and how many did not."""
 
-    records: list[dict[str, Any]]
+    records: list[FailureRecord]
     ignored: int
 
 
-def seal(record: dict[str, Any], secret: bytes | None) -> str:
-    """The stored form of a record: JSON, with its HMAC when the nodes share a secret."""
-    body = json.dumps(record, sort_keys=True, default=str)
+def seal(record: FailureRecord, secret: bytes | None) -> str:
+    """The stored form of a record: its JSON, with its HMAC when the nodes share a secret."""
+    body = json.dumps(record.to_json(), sort_keys=True)
     if secret is None:
         return body
     mac = hmac.new(secret, body.encode(), hashlib.sha256).hexdigest()
@@ -64,18 +54,18 @@ def check_all(
 ) -> Checked:
     """Keep the records that are well-formed, signed (with a secret), from a member node
     (`nodes`: every node this agent saw in the job's rounds; None where the backend does not say)
-    and from no later round."""
+    and from no later round. A record that names no node or no round is from no member."""
     kept = []
     for raw in raws:
         record = check(raw, secret=secret)
-        if record is None or record["rdzv_round"] > last_round:
+        if record is None or record.node is None or record.rdzv_round is None:
             continue
-        if nodes is None or record["node"] in nodes:
+        if record.rdzv_round <= last_round and (nodes is None or record.node in nodes):
             kept.append(record)
     return Checked(records=kept, ignored=len(raws) - len(kept))
 
 
-def check(raw: bytes, *, secret: bytes | None) -> dict[str, Any] | None:
+def check(raw: bytes, *, secret: bytes | None) -> FailureRecord | None:
     """One stored record, validated; None when it is malformed, too large or wrongly signed."""
     if not isinstance(raw, bytes) or len(raw) > MAX_RECORD_BYTES:
         return None
@@ -83,8 +73,9 @@ def check(raw: bytes, *, secret: bytes | None) -> dict[str, Any] | None:
         data = json.loads(raw)
         if secret is not None:
             data = _unsealed(data, secret)
-        return _valid(data)
-    except (ValueError, TypeError, KeyError, AttributeError):
+        _capped(data, MAX_DEPTH)
+        return FailureRecord.from_json(data)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
 
 
@@ -98,69 +89,29 @@ def _unsealed(data: Any, secret: bytes) -> Any:
     return json.loads(body)
 
 
-def _valid(data: Any) -> dict[str, Any]:
-    """The record with every known field checked; unknown fields are dropped."""
-    if not isinstance(data, dict):
-        raise TypeError("not an object")
-    out: dict[str, Any] = {}
-    for key in _INT:
-        out[key] = _int(data[key])
-    for key in _TEXT:
-        value = data.get(key)
-        if value is None and key in _OPTIONAL_TEXT:
-            out[key] = None
-        else:
-            out[key] = _text(value)
-    out["signal"] = None if data.get("signal") is None else _text(data["signal"])
-    out["time"] = _number(data["time"])
-    out["terminated_by_launcher"] = _bool(data.get("terminated_by_launcher", False))
-    out["stderr_tail"] = [_text(line) for line in _list(data.get("stderr_tail", []))]
-    out["traceback"] = [_stack(s) for s in _list(data.get("traceback", []))]
-    return out
-
-
-def _stack(data: Any) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise TypeError("not a stack")
-    stack: dict[str, Any] = {key: _text(data[key]) for key in _STACK_TEXT}
-    stack["link"] = None if data.get("link") is None else _text(data["link"])
-    stack["frames"] = [_frame(f) for f in _list(data.get("frames", []))]
-    return stack
-
-
-def _frame(data: Any) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise TypeError("not a frame")
-    return {
-        k: _int(data[k]) if kind is int else _text(data.get(k, "")) for k, kind in _FRAME.items()
-    }
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > 1 << 62:
-        raise TypeError("not an integer")
-    return value
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError("not a number")
-    return float(value)
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError("not a boolean")
-    return value
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or len(value) > MAX_TEXT:
-        raise TypeError("not a short text")
-    return value
-
-
-def _list(value: Any) -> list[Any]:
-    if not isinstance(value, list) or len(value) > MAX_ITEMS:
-        raise TypeError("not a short list")
-    return value
+def _capped(value: Any, depth: int) -> None:
+    """TypeError where the JSON is larger than a failure record can be: a text over MAX_TEXT, a
+    list or object over MAX_ITEMS, an integer over MAX_INT, a number that is not finite, or
+    nesting deeper than MAX_DEPTH. Its schema is FailureRecord's."""
+    if depth < 0:
+        raise TypeError("nested too deep")
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            raise TypeError("not a short text")
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        if abs(value) > MAX_INT:
+            raise TypeError("not a short integer")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError("not a finite number")
+    elif isinstance(value, list | dict):
+        if len(value) > MAX_ITEMS:
+            raise TypeError("not a short list")
+        items = value.values() if isinstance(value, dict) else value
+        for item in items:
+            _capped(item, depth - 1)
+        if isinstance(value, dict):
+            for key in value:
+                _capped(key, depth - 1)

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from elastic_hydra.agent.seams import StopRequest
+from elastic_hydra.records import FailureRecord
 from elastic_hydra.rendezvous import sealed_records
 
 Store = Any
@@ -143,9 +144,7 @@ def rank_table(infos: list[Mapping[str, Any]]) -> list[list[int]]:
     return out
 
 
-def publish_failure(
-    store: Store, run_id: str, record: dict[str, Any], secret: bytes | None
-) -> None:
+def publish_failure(store: Store, run_id: str, record: FailureRecord, secret: bytes | None) -> None:
     """Add this node's failure record; a store that is gone loses it (the summary keeps it)."""
     key = FAILURES.format(run_id=run_id)
     try:

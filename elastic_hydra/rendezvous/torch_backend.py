@@ -8,6 +8,7 @@ share one rendezvous.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from elastic_hydra.agent.events import ExitBarrier
-from elastic_hydra.agent.outcome import Status, WorkerExit
+from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import (
     Change,
     ChangeKind,
@@ -27,7 +28,7 @@ from elastic_hydra.agent.seams import (
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
-from elastic_hydra.records import HangRecord, PeerFailure, peer_name
+from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure, peer_name
 from elastic_hydra.rendezvous import sealed_records, store_keys
 from elastic_hydra.rendezvous.torch_handler import (
     RendezvousHandler,
@@ -57,7 +58,6 @@ class TorchRendezvous:
         self,
         plan: LaunchPlan,
         interrupt: StopRequest,
-        describe: Callable[[WorkerExit, NodeAssignment], dict[str, Any]],
         say: Callable[[str], None] = lambda _line: None,
         status: Callable[[str | None], None] | None = None,
     ) -> None:
@@ -65,7 +65,6 @@ class TorchRendezvous:
         self.plan = plan
         self.spec: Dynamic = plan.rdzv
         self.interrupt = interrupt
-        self.describe = describe
         self.say = say  # a line on the console while a join waits
         self.status = status  # on a terminal: a status line rewritten every second instead
         self.where = f"{self.spec.backend.value} rendezvous '{plan.run_id}' at {self.spec.endpoint}"
@@ -166,15 +165,16 @@ class TorchRendezvous:
             "why (torchrun agents publish no failures)"
         )
 
-    def publish_failure(self, exit: WorkerExit) -> None:
+    def publish_failure(self, record: FailureRecord) -> None:
         if self.job_store is None or self.node is None:
             return
-        record = {
-            **self.describe(exit, self.node),
-            "rdzv_round": self._round,
-            "node": node_name(this_node(self.handler)),
-        }
-        store_keys.publish_failure(self.job_store, self.plan.run_id, record, self.secret)
+        where = dataclasses.replace(
+            record,
+            node_rank=self.node.group_rank,
+            rdzv_round=self._round,
+            node=node_name(this_node(self.handler)),
+        )
+        store_keys.publish_failure(self.job_store, self.plan.run_id, where, self.secret)
 
     def share_progress(self, last: float) -> float:
         """hang_watch.JobShare: this node's latest progress out, the job's latest in."""

@@ -1,7 +1,7 @@
 """What a run leaves for people and programs: failure files, summary, console, notices.
 
 - `failure_files`: what a failed worker left behind (torch's `@record` error file, our own
-  traceback file, a crash dump, the tail of its stderr), read into a failure record.
+  traceback file, a crash dump, the tail of its stderr), read once into its failure record.
 - `summary`: `summary.json`, how a launch ended on this node, every failure and the root cause.
 - `render`: rich renderings of a plan, a failure report and a sweep table; rich is imported here
   and only when a report is shown.

@@ -1,7 +1,8 @@
 """What a failed worker left behind: its error file, a crash dump, the tail of its stderr.
 
-Read once the worker has exited. Whatever the files hold (a worker may write anything to its
-error file), reading them never raises.
+Read once, when its exit is seen, into its `FailureRecord`: the agent keeps that record for the
+collateral check, the rendezvous store and the summary. Whatever the files hold (a worker may
+write anything to its error file), reading them never raises.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from elastic_hydra.agent.outcome import FailureDetail, WorkerExit
+from elastic_hydra.records import FailureRecord, FailureSource, WorkerExit
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.tracebacks import (
     Stack,
@@ -27,14 +28,15 @@ from elastic_hydra.tracebacks import (
 _TAIL_BYTES = 256 * 1024
 
 
-def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetail:
-    """Everything known about why `exit`'s worker ended, from the files of its attempt."""
+def read_failure(run: RunDir, exit: WorkerExit, *, host: str, tail_lines: int) -> FailureRecord:
+    """The record of `exit`'s worker (on `host`): how it ended and, from the files of its
+    attempt, why."""
     error_file = run.error_file(exit.attempt, exit.local_rank)
     stderr_log = run.stderr(exit.attempt, exit.local_rank)
     tail_text = read_tail(stderr_log)
     lines = tail_text.splitlines()
-    base = FailureDetail(
-        source="none",
+    base = replace(
+        FailureRecord.of(exit, host=host),
         stderr_tail=tuple(lines[-tail_lines:]) if tail_lines else (),
         stdout_log=str(run.stdout(exit.attempt, exit.local_rank)),
         stderr_log=str(stderr_log),
@@ -43,19 +45,24 @@ def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetai
         parsed := _parse_error_record(record)
     ) is not None:
         message, stacks, reported = parsed
+        ours = "elastic_hydra" in record  # the bootstrap's record, else torch's @record
         return replace(
             base,
-            source="exception" if "elastic_hydra" in record else "error_file",
+            source=FailureSource.EXCEPTION if ours else FailureSource.ERROR_FILE,
             message=message,
-            stacks=stacks,
-            reported_time=reported,
+            traceback=stacks,
+            # When it failed: its own record's time, unless the exit was seen earlier.
+            time=exit.wall_time if reported is None else min(reported, exit.wall_time),
             error_file=str(error_file),
         )
     fault_dump = read_tail(run.fault_file(exit.attempt, exit.local_rank))
     if (crash := parse_fault(fault_dump) or parse_fault(tail_text)) is not None:
         stacks = hide_launcher_frames([_with_source_lines(crash)])
         return replace(
-            base, source="crash", message=f"Fatal Python error: {crash.exc_value}", stacks=stacks
+            base,
+            source=FailureSource.CRASH,
+            message=f"Fatal Python error: {crash.exc_value}",
+            traceback=stacks,
         )
     if stacks := hide_launcher_frames(parse_python(tail_text)):
         # Lines printed after a traceback (atexit handlers, warnings) would read as the end of
@@ -63,7 +70,9 @@ def read_failure(run: RunDir, exit: WorkerExit, tail_lines: int) -> FailureDetai
         last = stacks[-1]
         last = replace(last, exc_value=last.exc_value.split("\n", 1)[0])
         stacks = (*stacks[:-1], last)
-        return replace(base, source="stderr", message=exception_line(last), stacks=stacks)
+        return replace(
+            base, source=FailureSource.STDERR, message=exception_line(last), traceback=stacks
+        )
     return base
 
 

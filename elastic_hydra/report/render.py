@@ -33,7 +33,14 @@ from elastic_hydra.agent.events import (
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.hangs import verdict
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
-from elastic_hydra.records import FailureRecord, HangRecord, JobResult, PeerFailure, RunSummary
+from elastic_hydra.records import (
+    FailureRecord,
+    FailureSource,
+    HangRecord,
+    JobResult,
+    PeerFailure,
+    RunSummary,
+)
 from elastic_hydra.redact import redact_env
 from elastic_hydra.report.notices import took
 
@@ -234,7 +241,7 @@ def _root_cause(cause: FailureRecord, *, plain: bool, width: int) -> list[Render
     head.add_row("exit", Text(cause.exit, style="bold red"))
     head.add_row("time", when)
     parts: list[RenderableType] = [head]
-    stacks = tracebacks.from_json(cause.traceback)
+    stacks = cause.traceback
     if stacks and plain:
         parts.append(Text(tracebacks.format_stacks(stacks)))
     elif stacks:
@@ -242,7 +249,7 @@ def _root_cause(cause: FailureRecord, *, plain: bool, width: int) -> list[Render
     elif cause.message:
         parts.append(Text(cause.message, style="red"))
     # A crash's stack comes from its dump: show stderr beside it only when there is some.
-    if not stacks or (cause.source == "crash" and cause.stderr_tail):
+    if not stacks or (cause.source is FailureSource.CRASH and cause.stderr_tail):
         parts += _stderr_tail(cause)
     return parts
 

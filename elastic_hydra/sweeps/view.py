@@ -83,7 +83,7 @@ def cause_line(result: JobResult) -> str:
     if cause is None:
         lines = result.message.strip().splitlines()
         return lines[0] if lines else "no result"
-    stacks = tracebacks.from_json(cause.traceback)
+    stacks = cause.traceback
     what, where = cause.message or cause.exit, ""
     tail = [line for line in cause.stderr_tail if line.strip()]
     if not cause.message and tail:  # e.g. sys.exit("message"): the last words it printed
