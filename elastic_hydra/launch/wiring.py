@@ -37,7 +37,8 @@ from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_privat
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment, become_subreaper
-from elastic_hydra.workers.supervise import GroupGuard, LocalWorkers, WorkerSpec
+from elastic_hydra.workers.guard import GroupGuard
+from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
 
 STORE_FD_ENV = (
     "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
