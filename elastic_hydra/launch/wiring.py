@@ -337,6 +337,28 @@ def _report(
             notices.succeeded(summary)
 
 
+def _execute(
+    plan: LaunchPlan,
+    *,
+    run_dir: RunDir,
+    rdzv: Rendezvous,
+    factory: LocalWorkerFactory,
+    flag: StopFlag,
+    events: EventLog,
+) -> RunOutcome:
+    """The agent loop on this node's seams, to the outcome of this node's workers."""
+    return Executor(
+        plan,
+        rendezvous=rdzv,
+        workers=factory,
+        clock=RealClock(flag),
+        observer=events,
+        stop=flag,
+        hang=LocalHangWatch(plan, run_dir, _host(), job=_job_share(rdzv)),
+        failure_text=lambda e: _failure_text(run_dir, e, plan.logs.tail_lines),
+    ).run()
+
+
 def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
@@ -358,16 +380,9 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             rdzv = make_rendezvous(plan, flag, run_dir)
             if isinstance(rdzv, LocalRendezvous):
                 factory.store_fd = rdzv.store_fd
-            outcome = Executor(
-                plan,
-                rendezvous=rdzv,
-                workers=factory,
-                clock=RealClock(flag),
-                observer=events,
-                stop=flag,
-                hang=LocalHangWatch(plan, run_dir, _host(), job=_job_share(rdzv)),
-                failure_text=lambda e: _failure_text(run_dir, e, plan.logs.tail_lines),
-            ).run()
+            outcome = _execute(
+                plan, run_dir=run_dir, rdzv=rdzv, factory=factory, flag=flag, events=events
+            )
             ended = rdzv.end(outcome.status, events)
             job_failures = _job_failures(ended)
             outcome = _failed_elsewhere(outcome, job_failures, ended.last_round)
