@@ -22,7 +22,7 @@ from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.agent.seams import JobFailures, NodeAssignment, Rendezvous
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.hangs.watch import JobShare, LocalHangWatch
+from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
 from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan
@@ -111,13 +111,6 @@ def make_rendezvous(plan: LaunchPlan, flag: StopFlag, run: RunDir) -> Rendezvous
     return TorchRendezvous(
         plan, flag, describe, notices.say, notices.status if notices.live() else None
     )
-
-
-def _job_share(rdzv: Rendezvous) -> JobShare | None:
-    """The store other nodes share hangs through (a torch rendezvous's); None on one node."""
-    from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
-
-    return rdzv if isinstance(rdzv, TorchRendezvous) else None
 
 
 @contextmanager
@@ -247,7 +240,7 @@ def _execute(
         clock=RealClock(flag),
         observer=events,
         stop=flag,
-        hang=LocalHangWatch(plan, run_dir, _host(), job=_job_share(rdzv)),
+        hang=LocalHangWatch(plan, run_dir, _host(), job=rdzv.job_share()),
         failure_text=lambda e: _failure_text(run_dir, e, plan.logs.tail_lines),
     ).run()
 
