@@ -16,7 +16,7 @@ from conftest import REPO
 from launch import ELASTIC_HYDRA, compose, invocation, launcher_env, resolved, run
 from omegaconf import OmegaConf
 
-from elastic_hydra.cli.main import main
+from elastic_hydra.cli.run import main
 from elastic_hydra.config.composed import composed_job
 from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
 from elastic_hydra.records import RunSummary
@@ -311,7 +311,7 @@ def test_no_hydra_state_is_left_behind(workdir: Path, monkeypatch: pytest.Monkey
 
 def test_importing_the_cli_registers_nothing() -> None:
     probe = (
-        "import elastic_hydra.cli.main\n"
+        "import elastic_hydra.cli.run\n"
         "from omegaconf import OmegaConf\n"
         "print(OmegaConf.has_resolver('eh.host'))"
     )

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from elastic_hydra.cli.main import main
+from elastic_hydra.cli.run import main
 from elastic_hydra.config.explain import from_omegaconf
 from elastic_hydra.config.invocation import keep_as_typed
 from elastic_hydra.config.schema import ElasticHydraConf

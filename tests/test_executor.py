@@ -299,6 +299,9 @@ class FakeRendezvous:
         self.calls.append("end")
         return JobFailures()
 
+    def job_share(self) -> None:
+        return None  # the executor never asks: the agent hands it to the hang watch
+
     def close(self) -> None:
         self.calls.append("close")
 

@@ -115,7 +115,7 @@ def test_imports_between_folders_follow_the_table() -> None:
 def test_the_table_checker_sees_imports() -> None:
     # Not vacuous: it finds the edges the modules do have, and would flag a wrong one.
     found = modules()
-    assert folder_edges(found["cli.main"], "cli.main") >= {"config", "launch", "report"}
+    assert folder_edges(found["cli.plan"], "cli.plan") >= {"config", "launch", "report"}
     assert folder_edges(found["launch.wiring"], "launch.wiring") >= {"agent", "workers"}
     assert folder_edges(found["launch.wiring"], "launch.wiring") - FOLDERS["agent"]
     assert "agent.seams" in internal_imports(found["agent.executor"])
@@ -279,7 +279,7 @@ def test_the_checker_sees_imports() -> None:
     assert {"hydra", "omegaconf"} <= imported_roots(found["config.boundary"])
     assert "rich" in imported_roots(found["report.render"])
     assert "torch" in imported_roots(found["rendezvous.torch_backend"])
-    assert not may_import("agent.executor", "torch") and not may_import("cli.main", "rich")
+    assert not may_import("agent.executor", "torch") and not may_import("cli.run", "rich")
 
 
 # The pool plugin is a front end of its own: Hydra calls it, it drives a sweep.
@@ -301,7 +301,7 @@ def test_the_pool_plugin_imports_follow_the_table() -> None:
 def test_the_launch_path_loads_rich_only_for_reports() -> None:
     # rich costs about 0.1 s of every start: the CLI and the agent leave it to `render`, which
     # they import only for a failure report, a plan or a sweep table.
-    assert probe(["elastic_hydra.cli.main", "elastic_hydra.launch.wiring"], ("rich",)) == []
+    assert probe(["elastic_hydra.cli.run", "elastic_hydra.launch.wiring"], ("rich",)) == []
 
 
 SIDE_EFFECTS = """

@@ -26,7 +26,8 @@ from launch import launcher_env, on_a_terminal, run, started
 from test_gpus import GPUS, NO_NUMA, FakeSmi, cli_env, fake_smi, uuid
 
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.sweeps.pool import JobRow, PoolJob, Slot, State, plan_slots, run_pool
+from elastic_hydra.sweeps.pool import JobRow, PoolJob, State, run_pool
+from elastic_hydra.sweeps.slots import Slot, plan_slots
 
 __all__ = ["fake_smi"]  # a fixture, used by name
 pytestmark = pytest.mark.timeout(90)

@@ -1,6 +1,6 @@
 """The config pipeline: every user mistake is exit 2 and one clean line; good inputs resolve.
 
-The table calls `elastic_hydra.cli.main.main([... , "--plan"])` in-process, from a temporary
+The table calls `elastic_hydra.cli.run.main([... , "--plan"])` in-process, from a temporary
 directory holding a real `train.py`, exactly as a user's shell would.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from launch import compose, plan_of
 
-from elastic_hydra.cli.main import main
+from elastic_hydra.cli.run import main
 from elastic_hydra.config.composed import composed_job
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.plan import Command, Dynamic, NodeRange, PythonScript, Standalone, Static

@@ -27,7 +27,8 @@ from launch import run
 from test_one_composition import comparable
 from test_torch_parity import EQUAL, SCRIPT_ARGS, TORCHRUN, WORKER, is_this_host, parent_env
 
-from elastic_hydra.cli.main import YAML_HEADING, main
+from elastic_hydra.cli.plan import YAML_HEADING
+from elastic_hydra.cli.run import main
 
 pytestmark = [pytest.mark.timeout(300)]
 

@@ -84,6 +84,16 @@ class Observer(Protocol):
         """One event, as it happens (it carries the time it happened)."""
 
 
+class JobShare(Protocol):
+    """The other nodes' side of a hang (a torch rendezvous's store; see hangs.share)."""
+
+    def share_progress(self, last: float) -> float:
+        """Publish this node's latest progress; the job's latest, every node's counted."""
+
+    def share_hang(self, record: HangRecord) -> HangRecord:
+        """Publish this node's ranks; the record with every node's ranks and verdict."""
+
+
 class Rendezvous(Protocol):
     def next_round(self) -> NodeAssignment:
         """Join the next round; blocks until it completes. Raises RendezvousError."""
@@ -99,6 +109,10 @@ class Rendezvous(Protocol):
         """The job ended here with `status`: after success wait for the other nodes, after a
         failure close the job (a node stopped by a signal leaves it running); then every
         node's failure records."""
+
+    def job_share(self) -> JobShare | None:
+        """Where the hang watch meets the other nodes; None where it is alone (one node, or
+        static nodes without a shared store)."""
 
     def close(self) -> None: ...
 

@@ -7,10 +7,17 @@ A command line becomes a launch here and nowhere else:
 - `argv` splits our command line into what Hydra reads (the job file, overrides) and what we
   keep (`--plan`, the script's own arguments after `--`); torchrun's flags are turned into our
   keys by `elastic_hydra.torchrun`.
-- `main` runs a launch or `--plan`, maps every outcome to an exit code (0, 1, 2, 128+N, 70 for a
-  bug of ours) and prints a user's mistake as one line; `report` shows a finished run again.
-- `jobyaml` writes the job file of a torchrun-style command (`--plan=yaml`).
-- `stacks` shows where a running job's ranks are, on this node, right now.
+- `completion` rewrites a shell-completion line so that Hydra loads the job file it names.
+- `run` is the command: it runs a launch or a subcommand, maps every outcome to an exit code
+  (0, 1, 2, 128+N, 70 for a bug of ours) and prints a user's mistake as one line.
+
+One module per subcommand:
+
+- `plan`: `--plan`, the launch minus the processes; `jobyaml` writes the job file of a
+  torchrun-style command (`--plan=yaml`).
+- `report`: a finished run (or sweep) shown again.
+- `stacks`: where a running job's ranks are, on this node, right now.
+- `rdzv_server`: `rdzv-server`, the c10d store of `elastic_hydra.rendezvous.server` as a process.
 
 Imports go down only: cli -> torchrun, config, launch, hangs, report (and rendezvous, for the
 `rdzv-server` subcommand). Nothing below imports cli.

@@ -19,12 +19,12 @@ def main() -> NoReturn:
     stopsignals.record_early()
     try:
         if sys.argv[1:2] == ["rdzv-server"]:  # no Hydra: the store process stays small
-            from elastic_hydra.rendezvous.server import main as server_main
+            from elastic_hydra.cli import rdzv_server
 
-            sys.exit(server_main(sys.argv[2:]))
-        from elastic_hydra.cli.main import main as cli_main
+            sys.exit(rdzv_server.main(sys.argv[2:]))
+        from elastic_hydra.cli import run
 
-        cli_main()
+        run.main()
     except SystemExit as exc:
         _leave(exc)
 

@@ -18,9 +18,8 @@ import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
-from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.agent.seams import JobShare, NodeAssignment
 from elastic_hydra.agent.worker_env import DUMP_SIGNAL
 from elastic_hydra.hangs import verdict
 from elastic_hydra.plan import LaunchPlan
@@ -43,16 +42,6 @@ class Workers:
     host: str
     node_rank: int | None = None
     bootstrapped: bool = True
-
-
-class JobShare(Protocol):
-    """The other nodes' side of a hang (a torch rendezvous's store; see hang_share)."""
-
-    def share_progress(self, last: float) -> float:
-        """Publish this node's latest progress; the job's latest, every node's counted."""
-
-    def share_hang(self, record: HangRecord) -> HangRecord:
-        """Publish this node's ranks; the record with every node's ranks and verdict."""
 
 
 class LocalHangWatch:

@@ -3,7 +3,9 @@
 - `job`: a composed job's plan, its private run dir, the saved config (secrets redacted), the
   agent run, and the `JobResult` a sweep collects; `--plan` is the same path minus the
   processes.
-- `wiring`: builds the agent of this node from real parts: `workers.supervise` for processes,
+- `worker_factory`: each attempt's worker specs (argv, environment, files, console prefix,
+  CPUs), started by `workers.supervise`.
+- `wiring`: builds the agent of this node from real parts: `worker_factory` for processes,
   `rendezvous` for membership, `hangs.watch` for progress, `report` for the files and the
   console, the stop signals, and runs `agent.executor`'s loop with them.
 

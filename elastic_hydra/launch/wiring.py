@@ -9,7 +9,6 @@ import json
 import os
 import random
 import select
-import socket
 import sys
 import threading
 import time
@@ -22,10 +21,11 @@ from elastic_hydra import stopsignals
 from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
-from elastic_hydra.agent.seams import JobFailures, NodeAssignment, Rendezvous
-from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
+from elastic_hydra.agent.seams import JobFailures, Rendezvous
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.hangs.watch import JobShare, LocalHangWatch
+from elastic_hydra.hangs.watch import LocalHangWatch
+from elastic_hydra.launch.worker_factory import LocalWorkerFactory
+from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan
 from elastic_hydra.records import FailureRecord, RunSummary, WorkerExit, job_root_cause
 from elastic_hydra.redact import redact
@@ -37,19 +37,9 @@ from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_privat
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment, become_subreaper
-from elastic_hydra.workers.supervise import GroupGuard, LocalWorkers, WorkerSpec
+from elastic_hydra.workers.guard import GroupGuard
 
-STORE_FD_ENV = (
-    "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
-)
 CONSOLE_GRACE = 5.0  # seconds the final console output may wait for a stalled console
-_COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
-
-
-@functools.cache
-def _host() -> str:
-    """This machine's name (read once, at the first launch, not at import)."""
-    return socket.gethostname()
 
 
 class RealClock:
@@ -106,101 +96,6 @@ class EventLog:
         self._close_file()
 
 
-class LocalWorkerFactory:
-    """Builds each attempt's worker specs and starts them."""
-
-    def __init__(
-        self, plan: LaunchPlan, run: RunDir, flag: StopFlag, guard: GroupGuard, contain: Containment
-    ) -> None:
-        self.guard = guard
-        self.contain = contain
-        self.plan = plan
-        self.run = run
-        self.flag = flag
-        self.base_env = dict(os.environ)
-        self.cwd = os.getcwd()
-        self.sink = None if plan.logs.quiet or not plan.logs.tee else ConsoleSink()
-        self.colour = notices.colour(sys.stdout)  # rank prefixes: NO_COLOR turns them off
-        self.argv = plan.argv
-        self.store_fd: int | None = None  # standalone: rank 0's store listens on it
-
-    def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> LocalWorkers:
-        specs = [
-            self._spec(node, attempt, restart_count, lr) for lr in range(self.plan.nproc_per_node)
-        ]
-        return LocalWorkers(
-            specs,
-            self.sink,
-            self.flag.read_fd,
-            self.guard,
-            self.contain,
-            hurry=lambda: self.flag.count > 1,  # a second Ctrl-C kills at once
-        )
-
-    def _spec(
-        self, node: NodeAssignment, attempt: int, restart_count: int, local_rank: int
-    ) -> WorkerSpec:
-        files = WorkerFiles(
-            run_dir=str(self.run.root),
-            plan_path=str(self.run.plan),
-            config_path=str(self.run.config),
-            error_file=str(self.run.error_file(attempt, local_rank)),
-            fault_file=str(self.run.fault_file(attempt, local_rank)),
-            stacks_file=str(self.run.stacks_file(attempt, local_rank)),
-            progress_file=str(self.run.progress_file(attempt, local_rank)),
-        )
-        rank = node.base_rank + local_rank
-        ranks = self.plan.logs.console_ranks
-        return WorkerSpec(
-            local_rank=local_rank,
-            rank=rank,
-            argv=self.argv,
-            env=self._env(node, local_rank, files, attempt=attempt, restart_count=restart_count),
-            cwd=self.cwd,
-            stdout=self.run.stdout(attempt, local_rank),
-            stderr=self.run.stderr(attempt, local_rank),
-            tee=self.sink is not None and (ranks is None or local_rank in ranks),
-            prefix=self._prefix(node, local_rank),
-            cpus=self.plan.devices[local_rank].cpus if self.plan.devices else None,
-            pass_fds=(self.store_fd,) if rank == 0 and self.store_fd is not None else (),
-        )
-
-    def _env(
-        self,
-        node: NodeAssignment,
-        local_rank: int,
-        files: WorkerFiles,
-        *,
-        attempt: int,
-        restart_count: int,
-    ) -> dict[str, str]:
-        env = worker_env(
-            self.plan,
-            self.base_env,
-            node,
-            local_rank=local_rank,
-            attempt=attempt,
-            restart_count=restart_count,
-            files=files,
-        )
-        if node.base_rank + local_rank == 0 and self.store_fd is not None:
-            env[STORE_FD_ENV] = str(self.store_fd)  # the bootstrap takes it out again
-        return env
-
-    def _prefix(self, node: NodeAssignment, local_rank: int) -> bytes:
-        text = self.plan.logs.prefix.format(
-            role=self.plan.role,
-            rank=node.base_rank + local_rank,
-            local_rank=local_rank,
-            host=_host().split(".")[0],
-            node_rank=node.group_rank,
-        )
-        rank = node.base_rank + local_rank
-        if self.colour:
-            text = f"\x1b[{_COLOURS[rank % len(_COLOURS)]}m{text}\x1b[0m"
-        return text.encode()
-
-
 def make_rendezvous(plan: LaunchPlan, flag: StopFlag) -> Rendezvous:
     if not isinstance(plan.rdzv, Dynamic):
         return LocalRendezvous(plan)
@@ -214,13 +109,6 @@ def make_rendezvous(plan: LaunchPlan, flag: StopFlag) -> Rendezvous:
 def _read_failure(run: RunDir, tail_lines: int, exit: WorkerExit) -> FailureRecord:
     """A failed worker's record, read from its files (the executor keeps it: read once)."""
     return read_failure(run, exit, host=_host(), tail_lines=tail_lines)
-
-
-def _job_share(rdzv: Rendezvous) -> JobShare | None:
-    """The store other nodes share hangs through (a torch rendezvous's); None on one node."""
-    from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
-
-    return rdzv if isinstance(rdzv, TorchRendezvous) else None
 
 
 @contextmanager
@@ -294,6 +182,28 @@ def _report(
             notices.succeeded(summary)
 
 
+def _execute(
+    plan: LaunchPlan,
+    *,
+    run_dir: RunDir,
+    rdzv: Rendezvous,
+    factory: LocalWorkerFactory,
+    flag: StopFlag,
+    events: EventLog,
+) -> RunOutcome:
+    """The agent loop on this node's seams, to the outcome of this node's workers."""
+    return Executor(
+        plan,
+        rendezvous=rdzv,
+        workers=factory,
+        clock=RealClock(flag),
+        observer=events,
+        stop=flag,
+        hang=LocalHangWatch(plan, run_dir, _host(), job=rdzv.job_share()),
+        read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
+    ).run()
+
+
 def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
@@ -315,16 +225,9 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             rdzv = make_rendezvous(plan, flag)
             if isinstance(rdzv, LocalRendezvous):
                 factory.store_fd = rdzv.store_fd
-            outcome = Executor(
-                plan,
-                rendezvous=rdzv,
-                workers=factory,
-                clock=RealClock(flag),
-                observer=events,
-                stop=flag,
-                hang=LocalHangWatch(plan, run_dir, _host(), job=_job_share(rdzv)),
-                read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
-            ).run()
+            outcome = _execute(
+                plan, run_dir=run_dir, rdzv=rdzv, factory=factory, flag=flag, events=events
+            )
             ended = rdzv.end(outcome.status, events)
             job_failures = _job_failures(ended)
             outcome = _failed_elsewhere(outcome, job_failures, ended.last_round)

@@ -98,6 +98,9 @@ class LocalRendezvous:
     def end(self, status: Status, observer: Observer) -> JobFailures:
         return JobFailures()  # nothing to wait for or close; no other node's records
 
+    def job_share(self) -> None:
+        return None  # no store the nodes share: each node watches its own ranks
+
     def close(self) -> None:
         if self._reservation is not None:
             self._reservation.close()

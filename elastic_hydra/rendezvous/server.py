@@ -7,10 +7,8 @@ point every node at it (`rdzv=c10d rdzv.endpoint=HOST:PORT`): any agent may then
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
-from collections.abc import Sequence
 from datetime import timedelta
 
 from elastic_hydra import stopsignals
@@ -20,30 +18,20 @@ PREFIX = "elastic-hydra rdzv-server"
 ERR = sys.stderr
 
 
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog=PREFIX,
-        description="Host the c10d rendezvous store (a torch TCPStore) until stopped by a signal.",
-    )
-    parser.add_argument("--port", type=int, default=29400, help="0 picks a free port (printed)")
-    parser.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="the address to listen on (default 127.0.0.1: this machine only); give the address "
-        "the agents' machines reach this one by, e.g. --host node0",
-    )
-    args = parser.parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        print(f"{PREFIX}: --port: out of range (got {args.port}); expected 0..65535", file=ERR)
-        return 2
+def serve(host: str, port: int) -> int:
+    """Host the store on `host`:`port` (0: a free port, printed) until a stop signal.
+
+    Returns:
+        128 + the signal's number; 2 when the address cannot be listened on or torch is missing.
+    """
     # Block the stop signals first: from here they wait for sigwait instead of being lost.
     signal.pthread_sigmask(signal.SIG_BLOCK, stopsignals.STOP_SIGNALS)
     try:
-        sock = listen_socket(args.host, args.port)
+        sock = listen_socket(host, port)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         print(
-            f"{PREFIX}: cannot listen on {args.host}:{args.port} ({reason}); expected an address "
+            f"{PREFIX}: cannot listen on {host}:{port} ({reason}); expected an address "
             "of this machine (--host) and a free port (--port)",
             file=ERR,
         )
@@ -56,7 +44,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     port = sock.getsockname()[1]
     store = TCPStore(  # torch's own store, on the socket bound to --host alone
-        args.host,
+        host,
         port,
         is_master=True,
         multi_tenant=True,
@@ -66,8 +54,8 @@ def main(argv: Sequence[str]) -> int:
     )
     sock.detach()  # the store owns it
     print(
-        f"{PREFIX}: c10d store listening on {args.host}:{port}, without authentication; "
-        f"agents use rdzv=c10d rdzv.endpoint={args.host}:{port} rdzv.is_host=false",
+        f"{PREFIX}: c10d store listening on {host}:{port}, without authentication; "
+        f"agents use rdzv=c10d rdzv.endpoint={host}:{port} rdzv.is_host=false",
         flush=True,
     )
     signum = stopsignals.pending_signal() or signal.sigwait(stopsignals.STOP_SIGNALS)

@@ -3,6 +3,9 @@
 torch is imported here and in `torch_handler` only, and only for these backends. The store keys
 for rank assignment and the exit barrier are torchrun's, so elastic-hydra and torchrun agents can
 share one rendezvous.
+
+`TorchRendezvous` joins a round, polls it for membership changes and ends the job; the torchrun
+agents among its nodes are `torchrun_agents`', the wait for a join is `join_wait`'s.
 """
 
 from __future__ import annotations
@@ -10,10 +13,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import threading
 import time
-from collections.abc import Callable, Collection
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from elastic_hydra.agent.events import ExitBarrier
 from elastic_hydra.agent.outcome import Status
@@ -21,37 +23,35 @@ from elastic_hydra.agent.seams import (
     Change,
     ChangeKind,
     JobFailures,
+    JobShare,
     NodeAssignment,
     Observer,
     StopRequest,
 )
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.hangs import share
-from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
-from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure, peer_name
+from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan
+from elastic_hydra.records import FailureRecord, HangRecord
 from elastic_hydra.rendezvous import sealed_records, store_keys
+from elastic_hydra.rendezvous.join_wait import JoinWait
 from elastic_hydra.rendezvous.torch_handler import (
     RendezvousHandler,
     Store,
-    agent_name,
     bound_tcp_store,
     create_handler,
     dynamic_state,
     node_name,
-    reason,
     this_node,
 )
+from elastic_hydra.rendezvous.torchrun_agents import TorchrunAgents
 
 # torchrun's keys (torch/distributed/elastic/agent/server/api.py, utils/store.py).
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
 
-_T = TypeVar("_T")
-# Seconds into a join at which the console hears of it; then every 60 s.
-WAIT_NOTICES = (5.0, 30.0, 60.0)
 STATE_CACHE = 1.0  # seconds torch's dynamic handler reuses its last read of the shared state
 
 
-class TorchRendezvous:
+class TorchRendezvous(TorchrunAgents, JoinWait):
     """One node's view of a torch rendezvous (implements seams.Rendezvous)."""
 
     def __init__(
@@ -138,33 +138,6 @@ class TorchRendezvous:
             self._gone, self._gone_at = gone, now
         return bool(gone) and now - self._gone_at > STATE_CACHE
 
-    def _names(self, nodes: Collection[object]) -> str:
-        return ", ".join(sorted(self._name(n) for n in nodes))
-
-    def _name(self, node: object) -> str:
-        if (torchrun := self._torchrun.get(node)) is None:
-            return node_name(node)
-        return peer_name(torchrun[0], agent_name(node), torchrun[1])
-
-    def _peers(self, nodes: Collection[object], what: str) -> tuple[PeerFailure, ...]:
-        """What torchrun agents among `nodes` did: they publish no failure records of their own."""
-        found = sorted(
-            (t, agent_name(n)) for n in nodes if (t := self._torchrun.get(n)) is not None
-        )
-        now, round_ = time.time(), self._round
-        return tuple(
-            PeerFailure(node=a, node_rank=r, ranks=ranks, what=what, rdzv_round=round_, time=now)
-            for (r, ranks), a in found
-        )
-
-    def _closed_reason(self) -> str:
-        if not self._torchrun:
-            return "another node ended the job"
-        return (
-            f"another node ended the job; if it is {self._names(self._torchrun)}, its logs say "
-            "why (torchrun agents publish no failures)"
-        )
-
     def publish_failure(self, record: FailureRecord) -> None:
         if self.job_store is None or self.node is None:
             return
@@ -177,7 +150,7 @@ class TorchRendezvous:
         store_keys.publish_failure(self.job_store, self.plan.run_id, where, self.secret)
 
     def share_progress(self, last: float) -> float:
-        """hang_watch.JobShare: this node's latest progress out, the job's latest in."""
+        """seams.JobShare: this node's latest progress out, the job's latest in."""
         if self.job_store is None or self.node is None:
             return last
         run_id, node = self.plan.run_id, self.node
@@ -188,7 +161,7 @@ class TorchRendezvous:
         return last if latest is None else max(last, latest)
 
     def share_hang(self, record: HangRecord) -> HangRecord:
-        """hang_watch.JobShare: every node's ranks and the job-wide verdict."""
+        """seams.JobShare: every node's ranks and the job-wide verdict."""
         if self.job_store is None or self.node is None:
             return record
         self._hangs += 1
@@ -219,6 +192,9 @@ class TorchRendezvous:
         return JobFailures(
             records=tuple(checked.records), ignored=checked.ignored, last_round=self._round
         )
+
+    def job_share(self) -> JobShare:
+        return self  # the hangs ride on the job's store
 
     def close(self) -> None:
         pass  # `end` decides: barrier, close the job, or leave it running
@@ -266,26 +242,7 @@ class TorchRendezvous:
 
     # ------------------------------------------------------------------------------- internals
     def _join(self) -> NodeAssignment:
-        if self.handler is None:
-            self.handler = create_handler(self.plan, self.where)
-        from torch.distributed.elastic.rendezvous import api
-
-        try:
-            info = self.handler.next_rendezvous()
-        except api.RendezvousTimeoutError:
-            raise RendezvousError(
-                f"the {self.where} did not complete within "
-                f"rdzv.join_timeout={self.spec.join_timeout:g} s: fewer than "
-                f"{self.plan.nnodes.min} node(s) joined (nnodes={self.plan.nnodes}). Start the "
-                "other nodes with the same rdzv.id and rdzv.endpoint, or raise rdzv.join_timeout"
-            ) from None
-        except api.RendezvousClosedError:
-            raise RendezvousError(
-                f"the {self.where} is closed: this job already ended on another node. "
-                "Pick a new rdzv.id to start a new job"
-            ) from None
-        except Exception as exc:
-            raise RendezvousError(self._lost(exc)) from None
+        info = self._next_rendezvous()
         first_round = self.store is None
         try:
             group_rank = self._group_rank(info)
@@ -312,6 +269,41 @@ class TorchRendezvous:
                 "the same job file and overrides, and take per-launch values such as ${now:} "
                 "from hydra.run.dir, not from the job's keys"
             )
+        self._enter_round(info)
+        return NodeAssignment(
+            group_rank=group_rank,
+            group_world_size=info.world_size,
+            master=master,
+            use_agent_store=self.handler.use_agent_store,
+            **node,
+        )
+
+    def _next_rendezvous(self) -> Any:
+        """torch's next round (its RendezvousInfo), its errors told as ours."""
+        if self.handler is None:
+            self.handler = create_handler(self.plan, self.where)
+        from torch.distributed.elastic.rendezvous import api
+
+        try:
+            info = self.handler.next_rendezvous()
+        except api.RendezvousTimeoutError:
+            raise RendezvousError(
+                f"the {self.where} did not complete within "
+                f"rdzv.join_timeout={self.spec.join_timeout:g} s: fewer than "
+                f"{self.plan.nnodes.min} node(s) joined (nnodes={self.plan.nnodes}). Start the "
+                "other nodes with the same rdzv.id and rdzv.endpoint, or raise rdzv.join_timeout"
+            ) from None
+        except api.RendezvousClosedError:
+            raise RendezvousError(
+                f"the {self.where} is closed: this job already ended on another node. "
+                "Pick a new rdzv.id to start a new job"
+            ) from None
+        except Exception as exc:
+            raise RendezvousError(self._lost(exc)) from None
+        return info
+
+    def _enter_round(self, info: Any) -> None:
+        """The round's stores, members and number, once this node is in it."""
         self.store = info.store
         self.job_store = getattr(info.store, "underlying_store", info.store)
         state = dynamic_state(self.handler)
@@ -321,13 +313,6 @@ class TorchRendezvous:
             self._seen |= {node_name(n) for n in self._members}
         else:
             self._round += 1
-        return NodeAssignment(
-            group_rank=group_rank,
-            group_world_size=info.world_size,
-            master=master,
-            use_agent_store=self.handler.use_agent_store,
-            **node,
-        )
 
     def _group_rank(self, info: Any) -> int:
         """This node's rank: in Slurm's node order when the plan has one (every node is an
@@ -363,95 +348,3 @@ class TorchRendezvous:
             store.set(MASTER_PORT, str(self._worker_store.port).encode())
         addr = store.get(MASTER_ADDR).decode()
         return Endpoint(host=addr, port=int(store.get(MASTER_PORT).decode()))
-
-    def _torchrun_nodes(self, store: Store, ranks: set[int]) -> dict[object, tuple[int, str]]:
-        """The round's nodes that published no facts (torchrun agents), by torch's node."""
-        state = dynamic_state(self.handler)
-        if not ranks or state is None:
-            return {}
-        workers = store_keys.node_ranks(store, ranks)
-        return {
-            node: (rank, workers.get(rank, ""))
-            for node, rank in state.participants.items()
-            if rank in ranks
-        }
-
-    def _check_mixed(self, mixed: bool, first_round: bool) -> None:
-        """A job with torchrun agents in it restarts only without TCP store sharing: torch
-        2.13's agents keep their first round's store for the workers and never re-read its
-        address, while their workers reuse it without a per-attempt prefix (stale keys)."""
-        if not mixed or not self.handler.use_agent_store:
-            return
-        if not first_round:
-            raise RendezvousError(self._mixed_restart_advice("the torchrun agents in it keep"))
-        self.say(
-            "elastic-hydra: warning: torchrun agents are in this job; its workers cannot "
-            "restart unless every node sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
-        )
-
-    def _mixed_restart_advice(self, who_keeps: str) -> str:
-        return (
-            f"cannot start the workers of a new round of the {self.where}: {who_keeps} the "
-            "workers' store of their first round (torch's TCP store sharing), so restarted "
-            "workers would meet stale keys. Set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every "
-            "node of a job that mixes torchrun and elastic-hydra agents"
-        )
-
-    def _blocking(self, call: Callable[[], _T], what: str) -> _T:
-        """Run a blocking torch call in a thread so that a signal still stops the agent."""
-        result: list[_T] = []
-        error: list[BaseException] = []
-
-        def target() -> None:
-            try:
-                result.append(call())
-            except BaseException as exc:
-                error.append(exc)
-
-        thread = threading.Thread(target=target, name=f"rendezvous-{what}", daemon=True)
-        thread.start()
-        started, notice_at = time.monotonic(), WAIT_NOTICES[0]
-        shown = False
-        try:
-            while thread.is_alive():
-                thread.join(0.05)
-                if self.interrupt.signum is not None:
-                    raise RendezvousError(f"stopped by a signal during the rendezvous {what}")
-                waited = time.monotonic() - started
-                if what != "join" or waited < notice_at:
-                    continue
-                if self.status is not None:  # a terminal: one line, updated every second
-                    self.status(self._still_waiting(waited))
-                    shown, notice_at = True, notice_at + 1
-                else:
-                    self.say(self._still_waiting(waited))
-                    notice_at = next(t for t in (*WAIT_NOTICES, notice_at + 60) if t > notice_at)
-        finally:
-            if shown and self.status is not None:
-                self.status(None)
-        if error:
-            raise error[0]
-        return result[0]
-
-    def _still_waiting(self, waited: float) -> str:
-        nodes = self.plan.nnodes
-        return (
-            f"elastic-hydra: waiting for {nodes.min} node(s) (nnodes={nodes}) at the {self.where}: "
-            f"{waited:.0f} s of rdzv.join_timeout={self.spec.join_timeout:g} s"
-        )
-
-    def _lost(self, exc: BaseException) -> str:
-        lost = f"lost the {self.where}: {reason(exc)}."
-        if self.spec.backend is not DynamicBackend.C10D:
-            return f"{lost} Check that etcd is running"
-        if self.spec.is_host is False:  # the store lives apart already (an rdzv-server)
-            return f"{lost} Check the store's process at {self.spec.endpoint}"
-        host = "The node hosting it may have died"
-        if self._torchrun:  # a torchrun agent closes its store when its job fails
-            host = (
-                f"The node hosting it ended the job or died; torchrun agents publish no "
-                f"failures: if it is {self._names(self._torchrun)}, its logs say why"
-            )
-        return (
-            f"{lost} {host}; run the store apart from the agents with `elastic-hydra rdzv-server`"
-        )

@@ -20,7 +20,8 @@ from rich.text import Text
 from elastic_hydra import tracebacks
 from elastic_hydra.records import JobResult
 from elastic_hydra.report.render import console
-from elastic_hydra.sweeps.pool import JobRow, PoolJob, PoolView, Slot, State
+from elastic_hydra.sweeps.pool import JobRow, PoolJob, PoolView, State
+from elastic_hydra.sweeps.slots import Slot
 
 _STYLE = {
     State.QUEUED: "dim",

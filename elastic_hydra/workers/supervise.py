@@ -28,6 +28,7 @@ from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
 from elastic_hydra.stopsignals import drain
 from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
 from elastic_hydra.workers.contain import Containment
+from elastic_hydra.workers.guard import GroupGuard
 
 _PR_SET_PDEATHSIG = 1
 _KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
@@ -184,55 +185,6 @@ class _Worker:
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
-
-
-class GroupGuard:
-    """Kills the workers' whole process groups (grandchildren too) if the agent dies.
-
-    PR_SET_PDEATHSIG reaches the workers only. This ~1 ms shell process reads the groups to guard
-    from a pipe that only the agent holds: end of file without a clean `exit` means the agent is
-    gone (even by SIGKILL), and it SIGKILLs every group it was told about.
-    """
-
-    _SCRIPT = (
-        'while read -r g; do case $g in exit) exit 0;; reset) gs="";; *) gs="$gs $g";; esac; '
-        "done; for g in $gs; do kill -s KILL -- -$g 2>/dev/null; done; "
-        # Then whatever left the groups: the launch's cgroup, else the tagged environments.
-        'if [ -n "$1" ]; then echo 1 > "$1/cgroup.kill"; i=0; '
-        'until rmdir "$1" || [ $i -ge 100 ]; do sleep 0.05; i=$((i+1)); done; '
-        'else for p in /proc/[0-9]*; do grep -qsFxz -- "$2" "$p/environ" && '
-        'kill -s KILL "${p#/proc/}"; done; fi 2>/dev/null'
-    )
-
-    def __init__(self, containment: Containment) -> None:
-        read_fd, self._write_fd = os.pipe()  # not inherited by workers: EOF means agent death
-        self._proc = subprocess.Popen(
-            ["/bin/sh", "-c", self._SCRIPT, "guard", *containment.guard_args()],
-            stdin=read_fd,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C to the terminal must not take the guard down
-        )
-        os.close(read_fd)
-
-    def _send(self, line: str) -> None:
-        with contextlib.suppress(BrokenPipeError):
-            write_all(self._write_fd, f"{line}\n".encode())
-
-    def watch(self, pgid: int) -> None:
-        self._send(str(pgid))
-
-    def forget_all(self) -> None:
-        """The guarded groups are gone (their ids may be reused): drop them."""
-        self._send("reset")
-
-    def close(self) -> None:
-        self._send("exit")
-        os.close(self._write_fd)
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
 
 
 class LocalWorkers:

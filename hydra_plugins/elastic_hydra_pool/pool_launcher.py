@@ -2,8 +2,8 @@
 
 Hydra finds this plugin in the `hydra_plugins` namespace package. Each job's config is composed
 here, as Hydra's basic launcher composes it, and the job runs with Hydra's `run_job` in a fork
-of this process. Slots, dispatch and stop signals are `elastic_hydra.sweeps.pool`'s; the live
-view is `elastic_hydra.sweeps.view`'s.
+of this process. Slots are `elastic_hydra.sweeps.slots`'s, dispatch and stop signals
+`elastic_hydra.sweeps.pool`'s, the live view `elastic_hydra.sweeps.view`'s.
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan runs this module before it is in
@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 if TYPE_CHECKING:
     from elastic_hydra.sweeps import pool
+    from elastic_hydra.sweeps.slots import Slot
 
 
 @dataclass
@@ -92,11 +93,11 @@ class PoolLauncher(Launcher):
             raise SweepStopped(128 + outcome.signum, [r.return_value for r in returns])
         return returns
 
-    def _slots(self) -> "tuple[pool.Slot, ...]":
+    def _slots(self) -> "tuple[Slot, ...]":
         from elastic_hydra.resolve import machine
-        from elastic_hydra.sweeps import pool
+        from elastic_hydra.sweeps.slots import plan_slots
 
-        return pool.plan_slots(
+        return plan_slots(
             gpus=machine.visible_gpus(os.environ),
             cpus=machine.allowed_cpus(),
             node_cpus=machine.node_cpus,

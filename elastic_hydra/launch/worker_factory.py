@@ -1,0 +1,127 @@
+"""Each attempt's workers on this node: their specs (argv, environment, files, console prefix,
+CPUs) built from the plan and the rendezvous's assignment, then started by `workers.supervise`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+
+from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
+from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.report import notices
+from elastic_hydra.rundir import RunDir
+from elastic_hydra.stopsignals import StopFlag
+from elastic_hydra.workers.console import ConsoleSink
+from elastic_hydra.workers.contain import Containment
+from elastic_hydra.workers.guard import GroupGuard
+from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
+
+STORE_FD_ENV = (
+    "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
+)
+_COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
+
+
+@functools.cache
+def host_name() -> str:
+    """This machine's name (read once, at the first launch, not at import)."""
+    return socket.gethostname()
+
+
+class LocalWorkerFactory:
+    """Builds each attempt's worker specs and starts them."""
+
+    def __init__(
+        self, plan: LaunchPlan, run: RunDir, flag: StopFlag, guard: GroupGuard, contain: Containment
+    ) -> None:
+        self.guard = guard
+        self.contain = contain
+        self.plan = plan
+        self.run = run
+        self.flag = flag
+        self.base_env = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.sink = None if plan.logs.quiet or not plan.logs.tee else ConsoleSink()
+        self.colour = notices.colour(sys.stdout)  # rank prefixes: NO_COLOR turns them off
+        self.argv = plan.argv
+        self.store_fd: int | None = None  # standalone: rank 0's store listens on it
+
+    def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> LocalWorkers:
+        specs = [
+            self._spec(node, attempt, restart_count, lr) for lr in range(self.plan.nproc_per_node)
+        ]
+        return LocalWorkers(
+            specs,
+            self.sink,
+            self.flag.read_fd,
+            self.guard,
+            self.contain,
+            hurry=lambda: self.flag.count > 1,  # a second Ctrl-C kills at once
+        )
+
+    def _spec(
+        self, node: NodeAssignment, attempt: int, restart_count: int, local_rank: int
+    ) -> WorkerSpec:
+        files = WorkerFiles(
+            run_dir=str(self.run.root),
+            plan_path=str(self.run.plan),
+            config_path=str(self.run.config),
+            error_file=str(self.run.error_file(attempt, local_rank)),
+            fault_file=str(self.run.fault_file(attempt, local_rank)),
+            stacks_file=str(self.run.stacks_file(attempt, local_rank)),
+            progress_file=str(self.run.progress_file(attempt, local_rank)),
+        )
+        rank = node.base_rank + local_rank
+        ranks = self.plan.logs.console_ranks
+        return WorkerSpec(
+            local_rank=local_rank,
+            rank=rank,
+            argv=self.argv,
+            env=self._env(node, local_rank, files, attempt=attempt, restart_count=restart_count),
+            cwd=self.cwd,
+            stdout=self.run.stdout(attempt, local_rank),
+            stderr=self.run.stderr(attempt, local_rank),
+            tee=self.sink is not None and (ranks is None or local_rank in ranks),
+            prefix=self._prefix(node, local_rank),
+            cpus=self.plan.devices[local_rank].cpus if self.plan.devices else None,
+            pass_fds=(self.store_fd,) if rank == 0 and self.store_fd is not None else (),
+        )
+
+    def _env(
+        self,
+        node: NodeAssignment,
+        local_rank: int,
+        files: WorkerFiles,
+        *,
+        attempt: int,
+        restart_count: int,
+    ) -> dict[str, str]:
+        env = worker_env(
+            self.plan,
+            self.base_env,
+            node,
+            local_rank=local_rank,
+            attempt=attempt,
+            restart_count=restart_count,
+            files=files,
+        )
+        if node.base_rank + local_rank == 0 and self.store_fd is not None:
+            env[STORE_FD_ENV] = str(self.store_fd)  # the bootstrap takes it out again
+        return env
+
+    def _prefix(self, node: NodeAssignment, local_rank: int) -> bytes:
+        text = self.plan.logs.prefix.format(
+            role=self.plan.role,
+            rank=node.base_rank + local_rank,
+            local_rank=local_rank,
+            host=host_name().split(".")[0],
+            node_rank=node.group_rank,
+        )
+        rank = node.base_rank + local_rank
+        if self.colour:
+            text = f"\x1b[{_COLOURS[rank % len(_COLOURS)]}m{text}\x1b[0m"
+        return text.encode()
