@@ -196,7 +196,6 @@ def test_the_architecture_pages_import_table_is_the_layering_tests() -> None:
     assert documented == {k: v for k, v in FOLDERS.items() if k != ROOT}
 
 
-
 def test_the_architecture_pages_folder_table_names_every_module() -> None:
     # The folder map is the first page of the design: a module it does not name is a stale map.
     text = (DOCS / "architecture.md").read_text()
