@@ -17,7 +17,9 @@ from elastic_hydra.agent.outcome import WorkerExit, root_cause
 from elastic_hydra.agent.seams import ChangeKind
 from elastic_hydra.records import (
     FailureRecord,
+    PeerChange,
     PeerFailure,
+    RunStatus,
     RunSummary,
     job_root_cause,
     lost_a_peer,
@@ -214,16 +216,18 @@ def test_a_ranks_own_fault_is_not_a_lost_peer(error: str) -> None:
 
 def test_a_torchrun_nodes_failure_reads_back_from_the_summary() -> None:
     peer = PeerFailure(
-        node="10.0.0.1, pid 42", node_rank=0, ranks="0-7", what="restarted its workers",
+        node="10.0.0.1, pid 42", node_rank=0, ranks="0-7", what=PeerChange.RESTARTED,
         rdzv_round=3, time=1.5,
     )  # fmt: skip
     assert peer.line() == (
         "node 0 (torchrun agent on 10.0.0.1, pid 42; ranks 0-7) restarted its workers"
     )
-    summary = RunSummary(status="failed", exit_code=1, peer_failures=(peer,))
+    summary = RunSummary(status=RunStatus.FAILED, exit_code=1, peer_failures=(peer,))
     assert RunSummary.from_json(json.loads(json.dumps(summary.to_json()))) == summary
     with pytest.raises(ValueError, match=r"PeerFailure\.rdzv_round"):
         PeerFailure.from_json({**peer.to_json(), "rdzv_round": "3"})
+    with pytest.raises(ValueError, match=r"PeerFailure\.what"):  # a store's word we do not know
+        PeerFailure.from_json({**peer.to_json(), "what": "vanished"})
 
 
 @dataclass(frozen=True, order=True)

@@ -75,7 +75,9 @@ class WorkerFailure:
         return self.exit.wall_time if reported is None else min(reported, self.exit.wall_time)
 
 
-class Status(enum.Enum):
+class Status(enum.StrEnum):
+    """How the agent's loop ended (`records.RunStatus` adds the ends before it ran)."""
+
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"  # the agent received a signal

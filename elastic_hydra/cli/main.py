@@ -35,7 +35,7 @@ from elastic_hydra.errors import (
 )
 from elastic_hydra.launch import job
 from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
-from elastic_hydra.records import JobResult, RunSummary
+from elastic_hydra.records import JobResult, RunStatus, RunSummary
 from elastic_hydra.rundir import RunDir
 
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
@@ -172,7 +172,7 @@ def report(args: Sequence[str]) -> int:
     from elastic_hydra.report import render
 
     render.print_report(summary, events)
-    return 0 if summary.status == "succeeded" else 1
+    return 0 if summary.status is RunStatus.SUCCEEDED else 1
 
 
 def _latest_run(root: Path) -> Path:

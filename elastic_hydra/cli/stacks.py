@@ -19,7 +19,7 @@ from pathlib import Path
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs import verdict
 from elastic_hydra.hangs.watch import Workers, dump_ranks
-from elastic_hydra.records import HangRank
+from elastic_hydra.records import HangRank, RankState
 from elastic_hydra.rundir import RunDir
 
 USAGE = """usage: elastic-hydra stacks [RUN_DIR]
@@ -43,7 +43,7 @@ def main(args: Sequence[str]) -> int:
         return 1
     ranks = dump_ranks(workers, alive)
     print(f"elastic-hydra stacks: {run.root}, attempt {workers.attempt}, {len(alive)} rank(s)")
-    for where, members in verdict.groups([r for r in ranks if r.state != "exited"]):
+    for where, members in verdict.groups([r for r in ranks if r.state is not RankState.EXITED]):
         print(f"\n{verdict.who(members)} {where}")
         print(_stack_text(members[0]))
     return 0

@@ -72,8 +72,9 @@ def plan_of(cfg: DictConfig, ctx: JobContext) -> LaunchPlan:
 
 
 def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
-    """plan.json's content: the plan, secret values of its extra environment masked."""
-    return {**to_dict(plan), "env": redact_env(plan.env)}
+    """plan.json's content: the plan, secret values of its extra environment masked, and its run
+    id as torch has it."""
+    return {**to_dict(plan), "run_id": plan.torch_run_id, "env": redact_env(plan.env)}
 
 
 @dataclass(slots=True)

@@ -24,10 +24,10 @@ from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status, WorkerExit, WorkerFailure
 from elastic_hydra.agent.seams import JobFailures, NodeAssignment, Rendezvous
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
-from elastic_hydra.errors import ConfigError
+from elastic_hydra.errors import EXIT_BUG, ConfigError
 from elastic_hydra.hangs.watch import JobShare, LocalHangWatch
 from elastic_hydra.plan import Dynamic, LaunchPlan
-from elastic_hydra.records import FailureRecord, RunSummary, job_root_cause
+from elastic_hydra.records import FailureRecord, RunStatus, RunSummary, job_root_cause
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
 from elastic_hydra.report import notices
@@ -371,11 +371,15 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             job_failures = _job_failures(ended)
             outcome = _failed_elsewhere(outcome, job_failures, ended.last_round)
     except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
-        error = RunSummary(status="config_error", exit_code=exc.exit_code, message=exc.line())
+        error = RunSummary(
+            status=RunStatus.CONFIG_ERROR, exit_code=exc.exit_code, message=exc.line()
+        )
         save_summary(run_dir, error)
         raise
     except BaseException as exc:  # a bug in the launcher: still leave a summary behind
-        error = RunSummary(status="error", exit_code=70, message=f"{type(exc).__name__}: {exc}")
+        error = RunSummary(
+            status=RunStatus.ERROR, exit_code=EXIT_BUG, message=f"{type(exc).__name__}: {exc}"
+        )
         save_summary(run_dir, error)
         raise
     finally:

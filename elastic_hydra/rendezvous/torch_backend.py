@@ -27,7 +27,7 @@ from elastic_hydra.agent.seams import (
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
-from elastic_hydra.records import HangRecord, PeerFailure, peer_name
+from elastic_hydra.records import HangRecord, PeerChange, PeerFailure, peer_name
 from elastic_hydra.rendezvous import sealed_records, store_keys
 from elastic_hydra.rendezvous.torch_handler import (
     RendezvousHandler,
@@ -68,7 +68,9 @@ class TorchRendezvous:
         self.describe = describe
         self.say = say  # a line on the console while a join waits
         self.status = status  # on a terminal: a status line rewritten every second instead
-        self.where = f"{self.spec.backend.value} rendezvous '{plan.run_id}' at {self.spec.endpoint}"
+        self.where = (
+            f"{self.spec.backend.value} rendezvous '{plan.torch_run_id}' at {self.spec.endpoint}"
+        )
         self.node: NodeAssignment | None = None
         self.store: Store | None = None  # this round's store
         self.job_store: Store | None = None  # the store under every round's prefix
@@ -107,12 +109,11 @@ class TorchRendezvous:
                 return Change(
                     kind=ChangeKind.JOINED, reason=f"{new} new node(s) waiting to join", nodes=new
                 )
-            what = "restarted its workers"
             return Change(
                 kind=ChangeKind.JOINED,
-                reason=f"{self._names(back)} {what}: a new round for every node",
+                reason=f"{self._names(back)} {PeerChange.RESTARTED}: a new round for every node",
                 nodes=len(back),
-                peers=self._peers(back, what),
+                peers=self._peers(back, PeerChange.RESTARTED),
             )
         if state is None:
             return None  # legacy etcd keeps no heartbeats: a departure shows as worker failures
@@ -124,10 +125,10 @@ class TorchRendezvous:
             return None
         return Change(
             kind=ChangeKind.LEFT,
-            reason=f"{self._names(gone) or 'a node'} left the job (no heartbeat for "
+            reason=f"{self._names(gone) or 'a node'} {PeerChange.LEFT} (no heartbeat for "
             f"{self.spec.departure_bound:g} s)",
             nodes=len(alive),
-            peers=self._peers(gone, "left the job"),
+            peers=self._peers(gone, PeerChange.LEFT),
         )
 
     def _confirmed(self, gone: frozenset[object]) -> bool:
@@ -147,7 +148,7 @@ class TorchRendezvous:
             return node_name(node)
         return peer_name(torchrun[0], agent_name(node), torchrun[1])
 
-    def _peers(self, nodes: Collection[object], what: str) -> tuple[PeerFailure, ...]:
+    def _peers(self, nodes: Collection[object], what: PeerChange) -> tuple[PeerFailure, ...]:
         """What torchrun agents among `nodes` did: they publish no failure records of their own."""
         found = sorted(
             (t, agent_name(n)) for n in nodes if (t := self._torchrun.get(n)) is not None
@@ -174,13 +175,13 @@ class TorchRendezvous:
             "rdzv_round": self._round,
             "node": node_name(this_node(self.handler)),
         }
-        store_keys.publish_failure(self.job_store, self.plan.run_id, record, self.secret)
+        store_keys.publish_failure(self.job_store, self.plan.torch_run_id, record, self.secret)
 
     def share_progress(self, last: float) -> float:
         """hang_watch.JobShare: this node's latest progress out, the job's latest in."""
         if self.job_store is None or self.node is None:
             return last
-        run_id, node = self.plan.run_id, self.node
+        run_id, node = self.plan.torch_run_id, self.node
         share.publish_progress(self.job_store, run_id, self._round, node.group_rank, last)
         latest = share.latest_progress(
             self.job_store, run_id, self._round, node.group_world_size, time.time()
@@ -194,7 +195,7 @@ class TorchRendezvous:
         self._hangs += 1
         return share.share_hang(
             self.job_store,
-            self.plan.run_id,
+            self.plan.torch_run_id,
             key=f"{self._round}/{self._hangs}",
             node=self.node.group_rank,
             nodes=self.node.group_world_size,
@@ -225,7 +226,7 @@ class TorchRendezvous:
         legacy = dynamic_state(self.handler) is None  # legacy etcd names no participants
         return store_keys.read_failures(
             self.job_store,
-            self.plan.run_id,
+            self.plan.torch_run_id,
             secret=self.secret,
             nodes=None if legacy else self._seen,
             last_round=self._round,

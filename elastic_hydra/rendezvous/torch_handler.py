@@ -45,7 +45,7 @@ def create_handler(plan: LaunchPlan, where: str) -> RendezvousHandler:
     params = parameters(
         backend=spec.backend.value,
         endpoint=str(spec.endpoint),
-        run_id=plan.run_id,
+        run_id=plan.torch_run_id,
         min_nodes=plan.nnodes.min,
         max_nodes=plan.nnodes.max,
         local_addr=plan.local_addr,

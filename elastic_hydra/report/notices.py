@@ -11,6 +11,7 @@ import sys
 from typing import TextIO
 
 from elastic_hydra.agent.events import Event, EventKind
+from elastic_hydra.plan import HangAction
 from elastic_hydra.records import RunSummary
 
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
@@ -36,7 +37,10 @@ def progress(event: Event, *, multi_node: bool) -> None:
             who = "the workers hung" if d["rank"] is None else f"rank {d['rank']} failed"
             say(f"elastic-hydra: {who}: {d['reason']}")
         case EventKind.HANG:
-            then = {"report": "they keep running", "restart": "stopping them (a failure)"}
+            then = {
+                HangAction.REPORT: "they keep running",
+                HangAction.RESTART: "stopping them (a failure)",
+            }
             say(
                 f"elastic-hydra: {d['verdict']}. Every rank's stacks: attempt_{d['attempt']}/"
                 f"*/stacks.txt; {then.get(d['action'], 'stopping the job')} (hang.action="

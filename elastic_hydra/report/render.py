@@ -26,7 +26,14 @@ from elastic_hydra import tracebacks
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.hangs import verdict
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
-from elastic_hydra.records import FailureRecord, HangRecord, JobResult, PeerFailure, RunSummary
+from elastic_hydra.records import (
+    FailureRecord,
+    HangRecord,
+    JobResult,
+    PeerFailure,
+    RunStatus,
+    RunSummary,
+)
 from elastic_hydra.redact import redact_env
 from elastic_hydra.report.notices import took
 
@@ -51,7 +58,7 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
         "topology": f"{plan.nnodes} node(s) x {plan.nproc_per_node} process(es) "
         f"= world size {world}",
         "rendezvous": describe_rdzv(plan),
-        "run id": plan.run_id,
+        "run id": plan.torch_run_id,
         "role": plan.role,
         "restart": describe_restart(plan.restart),
         "stop grace": f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)",
@@ -333,7 +340,7 @@ def print_report(summary: RunSummary, events: Sequence[Mapping[str, Any]]) -> No
     ending: RenderableType = Text(
         f"elastic-hydra: succeeded ({took(summary)}); run dir {summary.run_dir}"
     )
-    if summary.status != "succeeded":
+    if summary.status is not RunStatus.SUCCEEDED:
         ending = outcome_report(summary, plain=plain, width=out.width)
     else:  # what happened on the way: a reported hang, torchrun nodes' restarts
         on_the_way: list[RenderableType] = []

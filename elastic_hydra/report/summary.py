@@ -12,6 +12,7 @@ from elastic_hydra.plan import Command, LaunchPlan, PythonModule, PythonScript, 
 from elastic_hydra.records import (
     ExitRecord,
     FailureRecord,
+    RunStatus,
     RunSummary,
     describe_returncode,
     job_root_cause,
@@ -39,7 +40,7 @@ def summarize(
     if outcome.status is Status.FAILED:
         cause = job_root_cause(job_failures) or job_root_cause(local)
     return RunSummary(
-        status=outcome.status.value,
+        status=RunStatus(outcome.status.value),
         exit_code=outcome.exit_code,
         message=outcome.reason,
         entrypoint=entrypoint_name(plan),
@@ -48,7 +49,7 @@ def summarize(
         started=started,
         duration_s=round(duration, 6),
         host=host,
-        run_id=plan.run_id,
+        run_id=plan.torch_run_id,
         run_dir=plan.run_dir,
         signal=signal_name(outcome.signal) if outcome.signal else None,
         stuck_pids=outcome.stuck_pids,
