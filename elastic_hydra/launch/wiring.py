@@ -81,6 +81,7 @@ class EventLog:
 
     def __init__(self, path: Path, echo: bool = False, multi_node: bool = False) -> None:
         self.file: IO[str] | None = os.fdopen(open_private(path), "a", buffering=1)
+        self.name = path.name
         self.events: list[Event] = []
         self.echo = echo
         self.multi_node = multi_node
@@ -92,7 +93,7 @@ class EventLog:
             try:
                 self.file.write(event.to_json() + "\n")
             except OSError as exc:  # a full disk: the job goes on, the timeline stops here
-                notices.warn(f"cannot write events.jsonl ({exc.strerror}); no more events saved")
+                notices.warn(f"cannot write {self.name} ({exc.strerror}); no more events saved")
                 self._close_file()
         if self.echo:
             notices.progress(event, multi_node=self.multi_node)

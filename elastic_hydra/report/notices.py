@@ -13,6 +13,7 @@ from typing import TextIO
 from elastic_hydra.agent.events import Event, EventKind
 from elastic_hydra.plan import HangAction
 from elastic_hydra.records import RunSummary
+from elastic_hydra.rundir import RunDir
 
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
 
@@ -42,9 +43,9 @@ def progress(event: Event, *, multi_node: bool) -> None:
                 HangAction.RESTART: "stopping them (a failure)",
             }
             say(
-                f"elastic-hydra: {d['verdict']}. Every rank's stacks: attempt_{d['attempt']}/"
-                f"*/stacks.txt; {then.get(d['action'], 'stopping the job')} (hang.action="
-                f"{d['action']})"
+                f"elastic-hydra: {d['verdict']}. Every rank's stacks: "
+                f"{RunDir.stacks_shown(d['attempt'], '*')}; "
+                f"{then.get(d['action'], 'stopping the job')} (hang.action={d['action']})"
             )
         case EventKind.STOPPING:
             say(

@@ -36,6 +36,7 @@ from elastic_hydra.records import (
 )
 from elastic_hydra.redact import redact_env
 from elastic_hydra.report.notices import took
+from elastic_hydra.rundir import RunDir
 
 
 def console(stderr: bool = False, soft_wrap: bool = False) -> Console:
@@ -255,7 +256,7 @@ def hang_section(hang: HangRecord, *, plain: bool) -> list[RenderableType]:
         where = f"rank {r.rank} (local rank {r.local_rank}) on {r.host}, pid {r.pid}: {r.state}"
         parts.append(Text(where, style="bold yellow"))
         parts += [Text(line) for line in verdict.main_stack_lines(r) or ()]
-    parts.append(Text(f"every rank's stacks: attempt_{hang.attempt}/<local rank>/stacks.txt"))
+    parts.append(Text(f"every rank's stacks: {RunDir.stacks_shown(hang.attempt, '<local rank>')}"))
     return parts
 
 
