@@ -91,3 +91,23 @@ def test_the_check_sees_the_names_where_they_are_spelled() -> None:
     assert not spelled("job.hydra.yaml") | spelled("my_eh_logs") | spelled("job_config.yaml")
     doc = literals(REPO / "elastic_hydra" / "records.py")  # its docstring names summary.json
     assert not any(spelled(text) for _, text in doc)
+
+
+def test_runs_and_a_sweeps_jobs_are_found_by_the_files_users_see(tmp_path: Path) -> None:
+    from elastic_hydra.rundir import SweepDir, finished_runs, running_runs
+
+    for run, files in {"a/1": ("events.jsonl", "summary.json"), "b": ("events.jsonl",)}.items():
+        (tmp_path / run).mkdir(parents=True)
+        for name in files:
+            (tmp_path / run / name).write_text("{}")
+    assert [r.root for r in finished_runs(tmp_path)] == [tmp_path / "a" / "1"]
+    assert [r.root for r in running_runs(tmp_path)] == [tmp_path / "b"]
+    assert finished_runs(tmp_path / "missing") == []
+    sweep = SweepDir(tmp_path / "a")
+    (tmp_path / "a" / "10" / "node1").mkdir(parents=True)
+    (tmp_path / "a" / "10" / "node1" / "result.json").write_text("{}")
+    assert sweep.job_results() == [
+        (tmp_path / "a" / "1" / "result.json",),
+        (tmp_path / "a" / "10" / "result.json", tmp_path / "a" / "10" / "node1" / "result.json"),
+    ]
+    assert (sweep.pool.name, SweepDir(tmp_path / "none").job_results()) == ("pool.json", [])
