@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from elastic_hydra import stopsignals
+from elastic_hydra.errors import EXIT_CONFIG
 from elastic_hydra.rendezvous.local import listen_socket
 
 PREFIX = "elastic-hydra rdzv-server"
@@ -35,7 +36,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         print(f"{PREFIX}: --port: out of range (got {args.port}); expected 0..65535", file=ERR)
-        return 2
+        return EXIT_CONFIG
     # Block the stop signals first: from here they wait for sigwait instead of being lost.
     signal.pthread_sigmask(signal.SIG_BLOCK, stopsignals.STOP_SIGNALS)
     try:
@@ -47,13 +48,13 @@ def main(argv: Sequence[str]) -> int:
             "of this machine (--host) and a free port (--port)",
             file=ERR,
         )
-        return 2
+        return EXIT_CONFIG
     try:
         from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         print(f"{PREFIX}: needs PyTorch: pip install torch", file=ERR)
         sock.close()
-        return 2
+        return EXIT_CONFIG
     port = sock.getsockname()[1]
     store = TCPStore(  # torch's own store, on the socket bound to --host alone
         args.host,

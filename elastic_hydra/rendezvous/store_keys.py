@@ -2,7 +2,8 @@
 assignment and the exit barrier (torchrun's keys, so torchrun agents can share the job), and every
 node's failure records (for the job-wide root cause).
 
-It works on any torch `Store`, passed in: it imports no torch itself.
+It works on any torch `Store`, passed in (`torch_handler.guarded`: its failures are within
+`errors.STORE_ERRORS`): it imports no torch itself.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from elastic_hydra.agent.seams import StopRequest
+from elastic_hydra.errors import STORE_ERRORS
 from elastic_hydra.rendezvous import sealed_records
 
 Store = Any
@@ -121,7 +123,7 @@ def node_ranks(store: Store, nodes: Collection[int]) -> dict[int, str]:
                 continue
             info, assigned = (json.loads(raw) for raw in store.multi_get(keys))
             base, size = assigned[0], info["local_world_size"]
-        except Exception:  # not JSON, not a list, no such key: nothing said of that node
+        except (*STORE_ERRORS, TypeError):  # not JSON, not a list, no such key: nothing said
             continue
         if type(base) is int and type(size) is int and base >= 0 and size > 0:
             out[node] = str(base) if size == 1 else f"{base}-{base + size - 1}"
@@ -151,7 +153,7 @@ def publish_failure(
     try:
         index = store.add(f"{key}/count", 1)
         store.set(f"{key}/{index}", sealed_records.seal(record, secret))
-    except Exception:
+    except STORE_ERRORS:
         return
 
 
@@ -172,7 +174,7 @@ def read_failures(
         for index in range(1, count + 1):
             if store.check([f"{key}/{index}"]):
                 raws.append(bytes(store.get(f"{key}/{index}")))
-    except Exception:
+    except STORE_ERRORS:
         pass
     return sealed_records.check_all(raws, secret=secret, nodes=nodes, last_round=last_round)
 
@@ -200,13 +202,13 @@ def exit_barrier(
                 store.wait([last], timedelta(seconds=wait))
                 return True
             return bool(store.check([last]))
-        except Exception:  # not yet (the wait timed out), or the store is gone
+        except STORE_ERRORS:  # not yet (the wait timed out), or the store is gone
             return False
 
     try:
         if store.add(f"{EXIT_BARRIER}/num_members", 1) == nodes:
             store.set(last, "<val_ignored>")
-    except Exception:
+    except STORE_ERRORS:
         return None
     while time.monotonic() - started < timeout:
         if done(wait=0.2):

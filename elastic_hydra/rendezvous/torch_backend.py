@@ -24,7 +24,7 @@ from elastic_hydra.agent.seams import (
     Observer,
     StopRequest,
 )
-from elastic_hydra.errors import RendezvousError
+from elastic_hydra.errors import STORE_ERRORS, RendezvousError
 from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
 from elastic_hydra.records import HangRecord, PeerChange, PeerFailure, peer_name
@@ -36,6 +36,7 @@ from elastic_hydra.rendezvous.torch_handler import (
     bound_tcp_store,
     create_handler,
     dynamic_state,
+    guarded,
     node_name,
     reason,
     this_node,
@@ -95,7 +96,7 @@ class TorchRendezvous:
     def poll(self) -> Change | None:
         try:
             waiting = self.handler.num_nodes_waiting()  # syncs the shared state (cached 1 s)
-        except Exception as exc:
+        except Exception as exc:  # torch's handler: see torch_handler
             raise RendezvousError(self._lost(exc)) from None
         state = dynamic_state(self.handler)
         if state is not None and state.closed:
@@ -255,7 +256,7 @@ class TorchRendezvous:
         """Close the rendezvous for this run id: nodes still in it stop instead of waiting."""
         if self.handler is None:
             return  # never connected
-        with contextlib.suppress(Exception):  # the store is already gone
+        with contextlib.suppress(Exception):  # torch's handler: the store is already gone
             self.handler.shutdown()
 
     # ------------------------------------------------------------------------------- internals
@@ -278,26 +279,25 @@ class TorchRendezvous:
                 f"the {self.where} is closed: this job already ended on another node. "
                 "Pick a new rdzv.id to start a new job"
             ) from None
-        except Exception as exc:
+        except Exception as exc:  # torch's handler: see torch_handler
             raise RendezvousError(self._lost(exc)) from None
         first_round = self.store is None
+        store = guarded(info.store, self.spec.backend)
         try:
-            group_rank = self._group_rank(info)
+            group_rank = self._group_rank(info, store)
             if info.rank == 0:  # first: a joining torchrun node's handler waits for it
-                master = self._master(info)
+                master = self._master(info, store)
             node = store_keys.assign_ranks(
-                self.plan.role, self.plan.nproc_per_node, info.store, group_rank, info.world_size
+                self.plan.role, self.plan.nproc_per_node, store, group_rank, info.world_size
             )
             if info.rank != 0:  # after our role info: a torchrun node 0 waits for it
-                master = self._master(info)
+                master = self._master(info, store)
             # Every elastic-hydra node published its facts before its part of assign_ranks.
-            facts = store_keys.read_facts(info.store, info.world_size, wait=False)
-        except RendezvousError:
-            raise
-        except Exception as exc:
+            facts = store_keys.read_facts(store, info.world_size, wait=False)
+        except (*STORE_ERRORS, TypeError) as exc:  # TypeError: other nodes' keys, untrusted
             raise RendezvousError(self._lost(exc)) from None
         self._check_mixed(len(facts) < info.world_size, first_round)
-        self._torchrun = self._torchrun_nodes(info.store, set(range(info.world_size)) - set(facts))
+        self._torchrun = self._torchrun_nodes(store, set(range(info.world_size)) - set(facts))
         other = store_keys.config_mismatch(facts, info.rank)
         if other is not None:
             raise RendezvousError(
@@ -306,8 +306,9 @@ class TorchRendezvous:
                 "the same job file and overrides, and take per-launch values such as ${now:} "
                 "from hydra.run.dir, not from the job's keys"
             )
-        self.store = info.store
-        self.job_store = getattr(info.store, "underlying_store", info.store)
+        self.store = store
+        under = getattr(info.store, "underlying_store", info.store)  # every round's prefix
+        self.job_store = guarded(under, self.spec.backend)
         state = dynamic_state(self.handler)
         if state is not None:
             self._members, self._round = frozenset(state.participants), state.round
@@ -323,20 +324,19 @@ class TorchRendezvous:
             **node,
         )
 
-    def _group_rank(self, info: Any) -> int:
+    def _group_rank(self, info: Any, store: Store) -> int:
         """This node's rank: in Slurm's node order when the plan has one (every node is an
         elastic-hydra agent then), else torch's. Without the agent's store, the workers' rank 0
         hosts their store where torch's rank 0 is, so torch's order stays."""
         order = self.spec.node_order
-        store_keys.publish_facts(
-            info.store, info.rank, store_keys.NodeFacts(self.plan.config_hash, order)
-        )
+        facts = store_keys.NodeFacts(self.plan.config_hash, order)
+        store_keys.publish_facts(store, info.rank, facts)
         if order is None or not self.handler.use_agent_store:
             return int(info.rank)
-        facts = store_keys.read_facts(info.store, info.world_size, wait=True)
-        return store_keys.ordered_rank(facts, info.rank)
+        every = store_keys.read_facts(store, info.world_size, wait=True)
+        return store_keys.ordered_rank(every, info.rank)
 
-    def _master(self, info: Any) -> Endpoint:
+    def _master(self, info: Any, store: Store) -> Endpoint:
         """MASTER_ADDR/PORT of this round, the same on every node, on a store fresh to the round.
 
         torch's handler publishes them only when it first builds them, then hands the workers the
@@ -345,7 +345,6 @@ class TorchRendezvous:
         key prefix) would read the previous round's keys. So in a round where torch published
         nothing, node 0 starts a fresh store for the workers and publishes it; the others read.
         """
-        store = info.store
         if info.rank != 0 and not store.check([MASTER_ADDR]):
             # Node 0 assigned the ranks without publishing the round's store: a torchrun agent
             # that keeps its first round's store (see _check_mixed).
