@@ -56,9 +56,6 @@ class RealClock:
     def __init__(self, flag: StopFlag) -> None:
         self.flag = flag
 
-    def wall(self) -> float:
-        return time.time()
-
     def mono(self) -> float:
         return time.monotonic()
 

@@ -28,6 +28,9 @@ ROLE_INFO = "torchelastic/role_info/"
 ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
 EXIT_BARRIER = "torchelastic/agent/terminal_state"
 NODE_FACTS = "elastic_hydra/node/"  # per round: each node's config hash and Slurm node id
+# A store's failures, and what other nodes' values raise when they are not what they claim to be
+# (the store is untrusted: a list where a dict was, a string where a number was).
+STORE_READ_ERRORS: tuple[type[Exception], ...] = (*STORE_ERRORS, TypeError)
 _HASH = re.compile(r"[0-9a-f]{0,64}")  # empty: a plan made without a config
 
 
@@ -123,7 +126,7 @@ def node_ranks(store: Store, nodes: Collection[int]) -> dict[int, str]:
                 continue
             info, assigned = (json.loads(raw) for raw in store.multi_get(keys))
             base, size = assigned[0], info["local_world_size"]
-        except (*STORE_ERRORS, TypeError):  # not JSON, not a list, no such key: nothing said
+        except STORE_READ_ERRORS:  # not JSON, not a list, no such key: nothing said of it
             continue
         if type(base) is int and type(size) is int and base >= 0 and size > 0:
             out[node] = str(base) if size == 1 else f"{base}-{base + size - 1}"

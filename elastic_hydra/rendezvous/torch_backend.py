@@ -24,7 +24,7 @@ from elastic_hydra.agent.seams import (
     Observer,
     StopRequest,
 )
-from elastic_hydra.errors import STORE_ERRORS, RendezvousError
+from elastic_hydra.errors import RendezvousError
 from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan
 from elastic_hydra.records import HangRecord, PeerChange, PeerFailure, peer_name
@@ -294,7 +294,7 @@ class TorchRendezvous:
                 master = self._master(info, store)
             # Every elastic-hydra node published its facts before its part of assign_ranks.
             facts = store_keys.read_facts(store, info.world_size, wait=False)
-        except (*STORE_ERRORS, TypeError) as exc:  # TypeError: other nodes' keys, untrusted
+        except store_keys.STORE_READ_ERRORS as exc:
             raise RendezvousError(self._lost(exc)) from None
         self._check_mixed(len(facts) < info.world_size, first_round)
         self._torchrun = self._torchrun_nodes(store, set(range(info.world_size)) - set(facts))
