@@ -353,6 +353,11 @@ class FlakyStore:
     def get(self, key: str) -> bytes:
         return self.data[key]
 
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(value).encode()
+        return value
+
 
 def hang_of(*ranks: HangRank) -> HangRecord:
     return HangRecord(verdict="", idle_s=3.0, timeout_s=2.0, action=HangAction.FAIL, attempt=0,
@@ -363,6 +368,7 @@ def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
     store = FlakyStore(failures=2)  # the other node's ranks are asked for again, not dropped
     other = json.dumps([rank(1, file="/u/data.py", line=88, code="time.sleep(60)").to_json()])
     store.set("elastic_hydra/r/hang/ranks/0/1/1", other)
+    store.add("elastic_hydra/r/hang/read/0/1", 1)  # the other node has read every node's ranks
     mine = hang_of(rank(0, file="/u/t.py", line=3, call="torch.distributed.all_reduce"))
     shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
                                    stopped=lambda: False)  # fmt: skip
@@ -376,6 +382,7 @@ def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
 def test_a_node_whose_ranks_do_not_read_is_named_as_missing() -> None:
     store = FlakyStore()
     store.set("elastic_hydra/r/hang/ranks/0/1/1", '[{"rank": "zero"}]')  # untrusted, malformed
+    store.add("elastic_hydra/r/hang/read/0/1", 1)
     mine = hang_of(rank(0, file="/u/t.py", line=3))
     shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
                                    stopped=lambda: False)  # fmt: skip
