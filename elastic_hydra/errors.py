@@ -5,6 +5,8 @@ ElasticHydraError
  ├── RendezvousError      the rendezvous could not complete (unreachable, closed, timed out): exit 3
  ├── WorkerStartError     a worker could not be started (E2BIG, EAGAIN, ENOMEM): exit 1
  └── LogWriteError        a worker's log could not be written (a full disk): the job stops, exit 1
+
+Beside the tree, `STORE_ERRORS`: what a rendezvous store raises, caught where a store is used.
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ EXIT_WORKERS_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_RENDEZVOUS = 3
 EXIT_BUG = 70  # a bug in elastic-hydra, and nothing else (sysexits' EX_SOFTWARE)
+
+# What a call on a rendezvous store raises when the store is gone, too slow, or lacks the key, and
+# what its untrusted values raise when they do not parse: torch's c10d store raises DistStoreError
+# and DistNetworkError (RuntimeError subclasses) and OSError (TimeoutError, ConnectionError among
+# them); torch's EtcdStore LookupError (a key that did not come) and ValueError; python-etcd's own
+# errors (no builtin base) are raised as ConnectionError by the rendezvous before they reach us
+# (`rendezvous.torch_handler.guarded`); json, int() and bytes.decode raise ValueError.
+STORE_ERRORS: tuple[type[Exception], ...] = (RuntimeError, OSError, LookupError, ValueError)
 
 
 class ElasticHydraError(Exception):

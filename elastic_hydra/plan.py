@@ -164,6 +164,9 @@ class LogSpec:
 
 
 # --------------------------------------------------------------------------------------------- plan
+TORCHRUN_RUN_ID = "none"  # torchrun's --rdzv-id default: the run id of a job that names none
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeRange:
     min: int
@@ -173,7 +176,7 @@ class NodeRange:
         return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
 
 
-class HangAction(enum.Enum):
+class HangAction(enum.StrEnum):
     REPORT = "report"  # dump every rank's stack, give the verdict, keep running
     RESTART = "restart"  # ... then stop the workers: a failure under the restart policy
     FAIL = "fail"  # ... then stop the workers and end the job (exit 1)
@@ -202,7 +205,7 @@ class LaunchPlan:
     nnodes: NodeRange
     nproc_per_node: int
     rdzv: Rendezvous
-    run_id: str
+    run_id: str | None  # None: the job names none (a standalone launch always has a fresh one)
     role: str = "default"
     local_addr: str | None = None
     restart: RestartSpec = RestartSpec()
@@ -218,6 +221,13 @@ class LaunchPlan:
     @property
     def argv(self) -> tuple[str, ...]:
         return worker_argv(self.entrypoint)
+
+    @property
+    def torch_run_id(self) -> str:
+        """The run id as torchrun gives it: the job's, else torchrun's default `none`. It names
+        the rendezvous and its store keys, it is the workers' TORCHELASTIC_RUN_ID, and the run id
+        summary.json, plan.json and the plan table show."""
+        return TORCHRUN_RUN_ID if self.run_id is None else self.run_id
 
     @property
     def entrypoint_bootstrapped(self) -> bool:

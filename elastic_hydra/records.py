@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from elastic_hydra.plan import HangAction
 from elastic_hydra.tracebacks import Stack
 
 T = TypeVar("T")
@@ -158,6 +159,8 @@ def _to_json(value: Any) -> Any:
         return value.value
     if isinstance(value, tuple | list):
         return [_to_json(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
     return value
 
 
@@ -307,6 +310,15 @@ def job_root_cause(records: Iterable[FailureRecord]) -> FailureRecord | None:
     )
 
 
+class RankState(enum.StrEnum):
+    """Where a rank of a hung job was found."""
+
+    DUMPED = "dumped"  # its stacks are in HangRank.threads
+    STOPPED = "stopped"  # SIGSTOPped: it cannot dump
+    EXITED = "exited"
+    NO_DUMP = "no_dump"  # not run through the bootstrap (cmd=, bootstrap=false) and no py-spy
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HangRank(_Record):
     """Where one rank was when its job was found hung."""
@@ -316,9 +328,7 @@ class HangRank(_Record):
     pid: int
     host: str = ""
     node_rank: int | None = None
-    # dumped (its stacks below), stopped (SIGSTOPped: it cannot dump), exited, or no_dump (not
-    # run through the bootstrap: a cmd= program or bootstrap=false, and no py-spy installed)
-    state: str
+    state: RankState
     file: str = ""  # the innermost frame of the user's code
     line: int = 0
     function: str = ""
@@ -335,10 +345,18 @@ class HangRecord(_Record):
     verdict: str
     idle_s: float
     timeout_s: float
-    action: str  # report, restart or fail
+    action: HangAction
     attempt: int
     time: float  # when it was found (wall clock)
     ranks: tuple[HangRank, ...] = ()
+
+
+class PeerChange(enum.StrEnum):
+    """What the rendezvous store tells of a node that publishes no failure records: the words
+    follow the node's name in `PeerFailure.line`."""
+
+    RESTARTED = "restarted its workers"
+    LEFT = "left the job"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -349,7 +367,7 @@ class PeerFailure(_Record):
     node: str  # its address and agent pid
     node_rank: int | None = None
     ranks: str = ""  # its workers' global ranks in that round ("2-3"); "": the store did not say
-    what: str  # "restarted its workers" or "left the job"
+    what: PeerChange
     rdzv_round: int
     time: float  # when this node saw it (wall clock)
     launcher: str = "torchrun"
@@ -364,12 +382,23 @@ def peer_name(node_rank: int | None, node: str, ranks: str, launcher: str = "tor
     return f"{which} ({launcher} agent on {node}{f'; ranks {ranks}' if ranks else ''})"
 
 
+class RunStatus(enum.StrEnum):
+    """How a launch ended on this node: the agent's `Status`, or an end before the agent ran."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # the agent received a signal
+    RENDEZVOUS_FAILED = "rendezvous_failed"
+    CONFIG_ERROR = "config_error"  # bad input found only at the launch (e.g. torch missing)
+    ERROR = "error"  # a bug in the launcher (EXIT_BUG)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSummary(_Record):
     """summary.json: how a launch ended on this node. A launch that ended before its workers
     (bad input found late, a launcher bug) has only status, exit code and message."""
 
-    status: str
+    status: RunStatus
     exit_code: int
     message: str = ""
     entrypoint: str = ""

@@ -1,8 +1,9 @@
-"""Every path and file name of one launch, owned by one object.
+"""Every path and file name of a run, owned here: `RunDir` for one launch, `SweepDir` for a sweep.
 
 A run directory is private (directories 0700, files 0600, as torchrun's log dir): it holds the
 job's config and its workers' output. `RunDir.create` remembers which directories the launch made,
 so that `discard` can remove exactly those and nothing a user made, never above `logs.root`.
+No other module spells a file name of a run (tests/test_rundir_names.py checks).
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ from pathlib import Path
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
+LOGS_ROOT = "eh_logs"  # logs.root's default: run dirs go under ./eh_logs
+
+_PLAN, _CONFIG, _EVENTS = "plan.json", "config.yaml", "events.jsonl"
+_SUMMARY, _RESULT, _CONSOLE = "summary.json", "result.json", "console.log"
+_HYDRA_DIR, _HYDRA, _OVERRIDES = ".hydra", "hydra.yaml", "overrides.yaml"
+_ATTEMPT = "attempt_"  # attempt_<n>/<local rank>/
+_STDOUT, _STDERR, _ERROR, _FAULT = "stdout.log", "stderr.log", "error.json", "fault.log"
+_STACKS, _PROGRESS = "stacks.txt", "progress"
+_POOL = "pool.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,9 +32,10 @@ class RunDir:
 
     plan.json, config.yaml (resolved), events.jsonl, summary.json, result.json, .hydra/ (the saved
     config: config.yaml, hydra.yaml, overrides.yaml), attempt_<n>/<local_rank>/{stdout.log,
-    stderr.log, error.json, fault.log}. `n` counts every start of the worker group (restarts and
-    membership changes), so no attempt's logs are ever overwritten. error.json is torch's
-    TORCHELASTIC_ERROR_FILE; fault.log the crash dump.
+    stderr.log, error.json, fault.log, stacks.txt, progress}; console.log in a pool job's. `n`
+    counts every start of the worker group (restarts and membership changes), so no attempt's
+    logs are ever overwritten. error.json is torch's TORCHELASTIC_ERROR_FILE; fault.log the crash
+    dump.
     """
 
     root: Path
@@ -93,63 +104,110 @@ class RunDir:
     # ------------------------------------------------------------------------------ the files
     @property
     def plan(self) -> Path:
-        return self.root / "plan.json"
+        return self.root / _PLAN
 
     @property
     def config(self) -> Path:
-        return self.root / "config.yaml"
+        return self.root / _CONFIG
 
     @property
     def events(self) -> Path:
-        return self.root / "events.jsonl"
+        return self.root / _EVENTS
 
     @property
     def summary(self) -> Path:
-        return self.root / "summary.json"
+        return self.root / _SUMMARY
 
     @property
     def result(self) -> Path:
-        return self.root / "result.json"
+        return self.root / _RESULT
 
     @property
     def hydra_dir(self) -> Path:
-        return self.root / ".hydra"
+        return self.root / _HYDRA_DIR
 
     @property
     def saved_config(self) -> Path:
         """The job's config as composed, unresolved (Hydra's .hydra/config.yaml)."""
-        return self.hydra_dir / "config.yaml"
+        return self.hydra_dir / _CONFIG
 
     @property
     def saved_hydra(self) -> Path:
-        return self.hydra_dir / "hydra.yaml"
+        return self.hydra_dir / _HYDRA
 
     @property
     def saved_overrides(self) -> Path:
-        return self.hydra_dir / "overrides.yaml"
+        return self.hydra_dir / _OVERRIDES
+
+    @property
+    def console(self) -> Path:
+        """What a pool job printed (its agent's console), written by the pool."""
+        return self.root / _CONSOLE
 
     def rank_dir(self, attempt: int, local_rank: int) -> Path:
-        return self.root / f"attempt_{attempt}" / str(local_rank)
+        return self.root / f"{_ATTEMPT}{attempt}" / str(local_rank)
 
     def stdout(self, attempt: int, local_rank: int) -> Path:
-        return self.rank_dir(attempt, local_rank) / "stdout.log"
+        return self.rank_dir(attempt, local_rank) / _STDOUT
 
     def stderr(self, attempt: int, local_rank: int) -> Path:
-        return self.rank_dir(attempt, local_rank) / "stderr.log"
+        return self.rank_dir(attempt, local_rank) / _STDERR
 
     def error_file(self, attempt: int, local_rank: int) -> Path:
-        return self.rank_dir(attempt, local_rank) / "error.json"
+        return self.rank_dir(attempt, local_rank) / _ERROR
 
     def fault_file(self, attempt: int, local_rank: int) -> Path:
-        return self.rank_dir(attempt, local_rank) / "fault.log"
+        return self.rank_dir(attempt, local_rank) / _FAULT
 
     def stacks_file(self, attempt: int, local_rank: int) -> Path:
         """Every thread's stack, each time the agent asked (a hang, `elastic-hydra stacks`)."""
-        return self.rank_dir(attempt, local_rank) / "stacks.txt"
+        return self.rank_dir(attempt, local_rank) / _STACKS
 
     def progress_file(self, attempt: int, local_rank: int) -> Path:
         """When the worker's main thread last moved (hang detection)."""
-        return self.rank_dir(attempt, local_rank) / "progress"
+        return self.rank_dir(attempt, local_rank) / _PROGRESS
+
+    @staticmethod
+    def stacks_shown(attempt: int, local_rank: str) -> str:
+        """Where ranks' stacks are, relative to their run dir, for people: `local_rank` stands
+        for the ranks (`*`, `<local rank>`)."""
+        return f"{_ATTEMPT}{attempt}/{local_rank}/{_STACKS}"
+
+
+def finished_runs(root: Path) -> list[RunDir]:
+    """The run dirs under `root`, at any depth, that have a summary: launches that ended."""
+    if not root.is_dir():
+        return []
+    return [RunDir(p.parent) for p in root.rglob(_SUMMARY) if p.is_file()]
+
+
+def running_runs(root: Path) -> list[RunDir]:
+    """The run dirs under `root`, at any depth, with events and no summary yet: launches still
+    running (or killed before they could write one)."""
+    return [RunDir(p.parent) for p in root.rglob(_EVENTS) if not (p.parent / _SUMMARY).exists()]
+
+
+@dataclass(frozen=True, slots=True)
+class SweepDir:
+    """`<root>/` = Hydra's sweep dir of a multirun: a run dir per job, named by its number
+    (hydra.sweep.subdir), and pool.json when the pool launcher ran the sweep. A multi-node job's
+    nodes each have their own run dir inside their job's."""
+
+    root: Path
+
+    @property
+    def pool(self) -> Path:
+        """The pool's record: which job ran in which slot, when."""
+        return self.root / _POOL
+
+    def job_results(self) -> list[tuple[Path, ...]]:
+        """Each job's result files, in job order: its own, then its nodes' in their order; []
+        where `root` is no sweep dir."""
+        jobs = [p for p in self.root.iterdir() if p.name.isdigit()] if self.root.is_dir() else []
+        return [
+            (RunDir(job).result, *sorted(job.glob(f"*/{_RESULT}")))
+            for job in sorted(jobs, key=lambda p: int(p.name))
+        ]
 
 
 def write_private(path: Path, text: str) -> None:

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from elastic_hydra.cli.run import main
 from elastic_hydra.config.composed import composed_job
 from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
-from elastic_hydra.records import RunSummary
+from elastic_hydra.records import RunStatus, RunSummary
 from elastic_hydra.resolve.entry import BOOTSTRAP
 from elastic_hydra.resolve.resolver import resolve_config
 
@@ -45,7 +45,7 @@ TRICKY_ARGS = [
     "",
 ]
 
-OK = RunSummary(status="succeeded", exit_code=0)  # what a stubbed agent reports
+OK = RunSummary(status=RunStatus.SUCCEEDED, exit_code=0)  # what a stubbed agent reports
 
 
 @pytest.fixture

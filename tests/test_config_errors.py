@@ -15,11 +15,11 @@ from elastic_hydra.config.explain import from_omegaconf
 from elastic_hydra.config.invocation import keep_as_typed
 from elastic_hydra.config.schema import ElasticHydraConf
 from elastic_hydra.plan import LaunchPlan
-from elastic_hydra.records import RunSummary
+from elastic_hydra.records import RunStatus, RunSummary
 
 BASE = "defaults:\n  - elastic_hydra_base\n  - _self_\nscript: x.py\n"
 
-OK = RunSummary(status="succeeded", exit_code=0)  # what a stubbed agent reports
+OK = RunSummary(status=RunStatus.SUCCEEDED, exit_code=0)  # what a stubbed agent reports
 
 
 @pytest.mark.parametrize(

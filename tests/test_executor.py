@@ -53,7 +53,7 @@ from elastic_hydra.plan import (
     RestartWindow,
     Standalone,
 )
-from elastic_hydra.records import FailureRecord, PeerFailure, WorkerExit
+from elastic_hydra.records import FailureRecord, PeerChange, PeerFailure, WorkerExit
 from elastic_hydra.rundir import RunDir
 
 SIGTERM = int(signal.SIGTERM)
@@ -779,7 +779,7 @@ def test_a_departed_node_rerendezvous_without_spending_a_restart() -> None:
 
 LOST_PEER = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1961."
 TORCHRUN_NODE = PeerFailure(
-    node="10.0.0.1, pid 42", node_rank=0, ranks="0-1", what="restarted its workers",
+    node="10.0.0.1, pid 42", node_rank=0, ranks="0-1", what=PeerChange.RESTARTED,
     rdzv_round=0, time=5.0,
 )  # fmt: skip
 

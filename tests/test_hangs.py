@@ -27,7 +27,8 @@ from test_agent_real import read_events
 
 from elastic_hydra.agent.events import Hang, WorkersStarted
 from elastic_hydra.hangs import share, verdict
-from elastic_hydra.records import HangRank, HangRecord
+from elastic_hydra.plan import HangAction
+from elastic_hydra.records import HangRank, HangRecord, RankState
 from elastic_hydra.tracebacks import parse_threads
 
 pytestmark = pytest.mark.timeout(120)
@@ -147,7 +148,7 @@ def test_py_spy_output_reads_as_threads_main_first() -> None:
 
 
 def rank(r: int, **kw: Any) -> HangRank:
-    return HangRank(rank=r, local_rank=r, pid=100 + r, **{"state": "dumped", **kw})
+    return HangRank(rank=r, local_rank=r, pid=100 + r, **{"state": RankState.DUMPED, **kw})
 
 
 def test_the_verdict_leads_with_the_odd_group_out() -> None:
@@ -167,7 +168,7 @@ def test_ranks_all_in_one_place_have_no_odd_one_and_states_are_named() -> None:
         [rank(0, file="/u/t.py", line=3), rank(1, file="/u/t.py", line=3)], 5
     )
     assert odd == frozenset() and "(stuck here)" not in text and "ranks 0,1 at t.py:3" in text
-    text, odd = verdict.verdict([rank(0, state="stopped"), rank(1, file="/u/t.py", line=3),
+    text, odd = verdict.verdict([rank(0, state=RankState.STOPPED), rank(1, file="/u/t.py", line=3),
                                rank(2, file="/u/t.py", line=3)], 5)  # fmt: skip
     assert odd == {0} and text.endswith("rank 0 stopped (stuck here); ranks 1,2 at t.py:3")
 
@@ -353,16 +354,22 @@ class FlakyStore:
     def get(self, key: str) -> bytes:
         return self.data[key]
 
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(value).encode()
+        return value
+
 
 def hang_of(*ranks: HangRank) -> HangRecord:
-    return HangRecord(verdict="", idle_s=3.0, timeout_s=2.0, action="fail", attempt=0, time=0.0,
-                      ranks=ranks)  # fmt: skip
+    return HangRecord(verdict="", idle_s=3.0, timeout_s=2.0, action=HangAction.FAIL, attempt=0,
+                      time=0.0, ranks=ranks)  # fmt: skip
 
 
 def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
     store = FlakyStore(failures=2)  # the other node's ranks are asked for again, not dropped
     other = json.dumps([rank(1, file="/u/data.py", line=88, code="time.sleep(60)").to_json()])
     store.set("elastic_hydra/r/hang/ranks/0/1/1", other)
+    store.add("elastic_hydra/r/hang/read/0/1", 1)  # the other node has read every node's ranks
     mine = hang_of(rank(0, file="/u/t.py", line=3, call="torch.distributed.all_reduce"))
     shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
                                    stopped=lambda: False)  # fmt: skip
@@ -376,6 +383,7 @@ def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
 def test_a_node_whose_ranks_do_not_read_is_named_as_missing() -> None:
     store = FlakyStore()
     store.set("elastic_hydra/r/hang/ranks/0/1/1", '[{"rank": "zero"}]')  # untrusted, malformed
+    store.add("elastic_hydra/r/hang/read/0/1", 1)
     mine = hang_of(rank(0, file="/u/t.py", line=3))
     shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
                                    stopped=lambda: False)  # fmt: skip

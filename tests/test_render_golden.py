@@ -25,7 +25,7 @@ from rich.console import Console
 
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.plan import LaunchPlan, NodeRange, PythonScript, Standalone
-from elastic_hydra.records import FailureRecord, FailureSource, RunSummary, WorkerExit
+from elastic_hydra.records import FailureRecord, FailureSource, RunStatus, RunSummary, WorkerExit
 from elastic_hydra.report import render
 from elastic_hydra.report.summary import summarize
 from elastic_hydra.tracebacks import Frame, Stack
@@ -177,6 +177,16 @@ def test_the_summary_survives_json_unchanged_in_rendering() -> None:
     again = RunSummary.from_json(json.loads(json.dumps(summary.to_json())))
     assert again == summary
     assert rendered(again, plain=True) == rendered(summary, plain=True)
+
+
+def test_every_end_of_the_agent_is_a_summary_status_with_the_same_word() -> None:
+    # summary.json's status is the agent's word for its end (RunStatus adds the ends before it).
+    for status in Status:
+        outcome = RunOutcome(status=status, attempts=1, reason="", signal=signal.SIGTERM)
+        summary = summarize(plan(), outcome, host="node0", started=T0, duration=1.0)
+        word = summary.to_json()["status"]
+        assert (type(word), word) == (str, status.value)  # plain JSON, not an enum
+        assert summary.status is RunStatus(status.value)
 
 
 def test_real_run_report_matches_golden(tmp_path: Path) -> None:

@@ -11,13 +11,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_executor import make_plan
+from test_executor import FakeStop, make_plan
 
 from elastic_hydra.agent.outcome import root_cause
 from elastic_hydra.agent.seams import ChangeKind
+from elastic_hydra.errors import STORE_ERRORS
+from elastic_hydra.hangs import share
+from elastic_hydra.plan import DynamicBackend
 from elastic_hydra.records import (
     FailureRecord,
+    PeerChange,
     PeerFailure,
+    RunStatus,
     RunSummary,
     WorkerExit,
     job_root_cause,
@@ -29,13 +34,17 @@ from elastic_hydra.rendezvous.store_keys import (
     ROLE_INFO,
     NodeFacts,
     config_mismatch,
+    exit_barrier,
     node_ranks,
     ordered_rank,
     publish_facts,
+    publish_failure,
     rank_table,
     read_facts,
+    read_failures,
 )
 from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
+from elastic_hydra.rendezvous.torch_handler import guarded, reason
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
@@ -215,16 +224,18 @@ def test_a_ranks_own_fault_is_not_a_lost_peer(error: str) -> None:
 
 def test_a_torchrun_nodes_failure_reads_back_from_the_summary() -> None:
     peer = PeerFailure(
-        node="10.0.0.1, pid 42", node_rank=0, ranks="0-7", what="restarted its workers",
+        node="10.0.0.1, pid 42", node_rank=0, ranks="0-7", what=PeerChange.RESTARTED,
         rdzv_round=3, time=1.5,
     )  # fmt: skip
     assert peer.line() == (
         "node 0 (torchrun agent on 10.0.0.1, pid 42; ranks 0-7) restarted its workers"
     )
-    summary = RunSummary(status="failed", exit_code=1, peer_failures=(peer,))
+    summary = RunSummary(status=RunStatus.FAILED, exit_code=1, peer_failures=(peer,))
     assert RunSummary.from_json(json.loads(json.dumps(summary.to_json()))) == summary
     with pytest.raises(ValueError, match=r"PeerFailure\.rdzv_round"):
         PeerFailure.from_json({**peer.to_json(), "rdzv_round": "3"})
+    with pytest.raises(ValueError, match=r"PeerFailure\.what"):  # a store's word we do not know
+        PeerFailure.from_json({**peer.to_json(), "what": "vanished"})
 
 
 @dataclass(frozen=True, order=True)
@@ -313,3 +324,39 @@ def test_a_node_name_from_the_shared_state_is_one_short_printable_word(
     assert change is not None and change.kind is ChangeKind.JOINED
     assert change.reason.isprintable() and len(change.reason) < 200, change.reason
     assert change.reason.startswith("?]0;pwned?host?xxx")
+
+
+class GoneEtcd:
+    """torch's EtcdStore after etcd went away: python-etcd's error, no builtin base."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise self.error("No more machines in the cluster")
+
+        return call
+
+
+def test_a_gone_etcd_store_fails_within_the_store_errors_and_loses_only_what_it_held() -> None:
+    etcd = pytest.importorskip("etcd")
+    store = guarded(GoneEtcd(etcd.EtcdConnectionFailed), DynamicBackend.ETCD_V2)
+    with pytest.raises(STORE_ERRORS) as caught:
+        store.set("key", "value")
+    assert isinstance(caught.value, ConnectionError)
+    assert reason(caught.value) == "No more machines in the cluster"  # torch's words, as before
+    share.publish_progress(store, "run", 0, 0, 1.0)  # lost, the job goes on
+    assert share.latest_progress(store, "run", 0, 2, now=5.0) is None
+    publish_failure(store, "run", record(0, 1.0), None)
+    assert read_failures(store, "run", secret=None, nodes=None, last_round=0).records == []
+    assert exit_barrier(store, 2, timeout=1.0, stop=FakeStop(),
+                        job_changed=lambda: False) is None  # fmt: skip
+    c10d = DictStore()
+    assert guarded(c10d, DynamicBackend.C10D) is c10d  # its errors are RuntimeError already
+
+
+def test_a_store_bug_is_not_taken_for_a_gone_store() -> None:
+    # Only the store's failures are swallowed: a mistake of ours still fails loudly.
+    with pytest.raises(AttributeError):
+        share.publish_progress(GoneEtcd(AttributeError), "run", 0, 0, 1.0)

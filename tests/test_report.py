@@ -12,7 +12,7 @@ from typing import Any
 from conftest import ELASTIC_HYDRA, WORKERS
 
 from elastic_hydra.agent.events import WorkersStarted
-from elastic_hydra.records import RunSummary
+from elastic_hydra.records import RunStatus, RunSummary
 
 FAIL = str(WORKERS / "fail.py")
 EXIT_CODE = str(WORKERS / "exit_code.py")
@@ -120,7 +120,7 @@ def test_report_of_a_directory_without_a_summary_is_one_line(tmp_path: Path) -> 
 
 
 def test_report_reads_what_it_can_of_a_timeline_and_says_what_it_skipped(tmp_path: Path) -> None:
-    summary = RunSummary(status="succeeded", exit_code=0, attempts=1, run_dir=str(tmp_path))
+    summary = RunSummary(status=RunStatus.SUCCEEDED, exit_code=0, attempts=1, run_dir=str(tmp_path))
     (tmp_path / "summary.json").write_text(json.dumps(summary.to_json()))
     started = WorkersStarted(wall_time=10.0, mono_time=1.0, pids=(7,), attempt=0)
     lines = [

@@ -535,7 +535,8 @@ def test_defaults_equal_torchrun(job_dir: Path) -> None:
     assert dynamic.keep_alive_interval == 5.0
     assert dynamic.keep_alive_max_attempt == 3
     assert dynamic.read_timeout == 60.0
-    assert plan_of(T, "rdzv=c10d").run_id == "none"  # torchrun's default rdzv id
+    unnamed = plan_of(T, "rdzv=c10d")
+    assert (unnamed.run_id, unnamed.torch_run_id) == (None, "none")  # torchrun's default rdzv id
 
     static = plan_of(T, "rdzv=static").rdzv
     assert isinstance(static, Static)

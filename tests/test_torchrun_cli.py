@@ -364,7 +364,7 @@ def test_the_documented_command_lines_resolve_to_torchruns_rendezvous(here: Path
     fixed = plan_of("--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
                     "--master-port=29513", "train.py")  # fmt: skip
     assert fixed.rdzv == Static(master=Endpoint(host="127.0.0.1", port=29513), node_rank=1)
-    assert fixed.run_id == "none"  # torchrun's, without --rdzv-id
+    assert (fixed.run_id, fixed.torch_run_id) == (None, "none")  # torchrun's, without --rdzv-id
     elastic = plan_of("--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400",
                       "--rdzv-id=x", "--rdzv-conf=last_call_timeout=1", "train.py")  # fmt: skip
     assert isinstance(elastic.rdzv, Dynamic)

@@ -25,7 +25,9 @@ def root_cause(exits: Iterable[WorkerExit]) -> WorkerExit | None:
     )
 
 
-class Status(enum.Enum):
+class Status(enum.StrEnum):
+    """How the agent's loop ended (`records.RunStatus` adds the ends before it ran)."""
+
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"  # the agent received a signal

@@ -87,7 +87,7 @@ def worker_env(
             "MASTER_PORT": str(node.master.port),
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(plan.restart.max_restarts),
-            "TORCHELASTIC_RUN_ID": plan.run_id,
+            "TORCHELASTIC_RUN_ID": plan.torch_run_id,
             "TORCHELASTIC_USE_AGENT_STORE": str(node.use_agent_store),
             "TORCHELASTIC_ERROR_FILE": files.error_file,
             "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,

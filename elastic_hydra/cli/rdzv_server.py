@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from elastic_hydra.errors import EXIT_CONFIG
 from elastic_hydra.rendezvous import server
 
 
@@ -32,5 +33,5 @@ def main(argv: Sequence[str]) -> int:
             f"{server.PREFIX}: --port: out of range (got {args.port}); expected 0..65535",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_CONFIG
     return server.serve(args.host, args.port)

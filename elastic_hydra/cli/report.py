@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.records import JobResult, RunSummary
+from elastic_hydra.records import JobResult, RunStatus, RunSummary
 from elastic_hydra.report import notices
 from elastic_hydra.report.events_file import EventsRead, read_events
-from elastic_hydra.rundir import RunDir
+from elastic_hydra.rundir import LOGS_ROOT, RunDir, SweepDir, finished_runs
 
-REPORT_USAGE = """usage: elastic-hydra report [RUN_DIR | SWEEP_DIR]
+REPORT_USAGE = f"""usage: elastic-hydra report [RUN_DIR | SWEEP_DIR]
 
 Show a finished launch again: its summary, its timeline and, for a failure, the root cause.
-Without a directory: the latest run under ./eh_logs. A sweep's directory shows its table.
+Without a directory: the latest run under ./{LOGS_ROOT}. A sweep's directory shows its table.
 Exits 0 for a run (or sweep) that succeeded, 1 for one that did not, 2 for bad input."""
 
 
@@ -34,7 +34,7 @@ def report(args: Sequence[str]) -> int:
         raise ConfigError(
             "report", "takes one run dir", " ".join(args), "expected elastic-hydra report [RUN_DIR]"
         )
-    where = Path(args[0]) if args else _latest_run(Path("eh_logs"))
+    where = Path(args[0]) if args else _latest_run(Path(LOGS_ROOT))
     run = RunDir(where)
     if not run.summary.exists() and (sweep := _sweep_results(where)):
         from elastic_hydra.report import render
@@ -46,14 +46,14 @@ def report(args: Sequence[str]) -> int:
     except FileNotFoundError:
         raise ConfigError(
             "report",
-            "no summary.json in this directory",
+            f"no {run.summary.name} in this directory",
             str(where),
             "expected the run dir of a launch (it is printed at the end of each run)",
         ) from None
     except ValueError as exc:
         raise ConfigError(
             "report",
-            f"summary.json does not read as a run summary ({exc})",
+            f"{run.summary.name} does not read as a run summary ({exc})",
             str(where),
             "expected a run dir written by elastic-hydra",
         ) from None
@@ -66,12 +66,12 @@ def report(args: Sequence[str]) -> int:
     from elastic_hydra.report import render
 
     render.print_report(summary, read.events)
-    return 0 if summary.status == "succeeded" else 1
+    return 0 if summary.status is RunStatus.SUCCEEDED else 1
 
 
 def _latest_run(root: Path) -> Path:
     """The run dir under `root` whose summary was written last."""
-    summaries = [p for p in root.rglob("summary.json") if p.is_file()] if root.is_dir() else []
+    summaries = [run.summary for run in finished_runs(root)]
     if not summaries:
         raise ConfigError(
             "report", "no run found under", str(root),
@@ -86,9 +86,7 @@ def _sweep_results(sweep: Path) -> list[JobResult]:
     """The results of a sweep's jobs (`<sweep>/<job#>/result.json`, or a multi-node job's first
     node's), in job order; [] where `sweep` is no sweep."""
     results = []
-    jobs = [p for p in sweep.iterdir() if p.name.isdigit()] if sweep.is_dir() else []
-    for job_dir in sorted(jobs, key=lambda p: int(p.name)):
-        found = [job_dir / "result.json", *sorted(job_dir.glob("*/result.json"))]
+    for found in SweepDir(sweep).job_results():
         for path in found:
             with contextlib.suppress(OSError, ValueError):
                 results.append(JobResult.from_json(json.loads(path.read_text())))

@@ -18,14 +18,14 @@ from pathlib import Path
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs import verdict
 from elastic_hydra.hangs.watch import Workers, dump_ranks
-from elastic_hydra.records import HangRank
+from elastic_hydra.records import HangRank, RankState
 from elastic_hydra.report.events_file import EventsRead, last_start, read_events
-from elastic_hydra.rundir import RunDir
+from elastic_hydra.rundir import LOGS_ROOT, RunDir, running_runs
 
-USAGE = """usage: elastic-hydra stacks [RUN_DIR]
+USAGE = f"""usage: elastic-hydra stacks [RUN_DIR]
 
 Every rank's stack on this node, grouped by where the ranks are, without stopping them.
-Without a directory: the latest run under ./eh_logs that is still running."""
+Without a directory: the latest run under ./{LOGS_ROOT} that is still running."""
 
 
 def main(args: Sequence[str]) -> int:
@@ -35,7 +35,7 @@ def main(args: Sequence[str]) -> int:
         return 0
     if len(args) > 1:
         raise ConfigError("stacks", "takes one run dir", " ".join(args), USAGE.splitlines()[0])
-    run = RunDir(Path(args[0]) if args else running_run(Path("eh_logs")))
+    run = RunDir(Path(args[0]) if args else running_run(Path(LOGS_ROOT)))
     workers = live_workers(run)
     alive = [lr for lr, pid in enumerate(workers.pids) if _alive(pid)]
     if not alive:
@@ -43,7 +43,7 @@ def main(args: Sequence[str]) -> int:
         return 1
     ranks = dump_ranks(workers, alive)
     print(f"elastic-hydra stacks: {run.root}, attempt {workers.attempt}, {len(alive)} rank(s)")
-    for where, members in verdict.groups([r for r in ranks if r.state != "exited"]):
+    for where, members in verdict.groups([r for r in ranks if r.state is not RankState.EXITED]):
         print(f"\n{verdict.who(members)} {where}")
         print(_stack_text(members[0]))
     return 0
@@ -51,14 +51,12 @@ def main(args: Sequence[str]) -> int:
 
 def running_run(root: Path) -> Path:
     """The run dir under `root` whose events were written last, among runs still running."""
-    live = [
-        p.parent for p in root.rglob("events.jsonl") if not (p.parent / "summary.json").exists()
-    ]
+    live = running_runs(root)
     if not live:
         raise ConfigError(
             "stacks", "no running job", str(root), "expected elastic-hydra stacks RUN_DIR"
         )
-    return max(live, key=lambda d: (d / "events.jsonl").stat().st_mtime)
+    return max(live, key=lambda run: run.events.stat().st_mtime).root
 
 
 def live_workers(run: RunDir) -> Workers:

@@ -38,6 +38,7 @@ from elastic_hydra.config.composed import Composed
 from elastic_hydra.config.invocation import HydraFlags, Invocation, escape_interpolation
 from elastic_hydra.config.schema import CONF_MODULE
 from elastic_hydra.errors import ConfigError
+from elastic_hydra.rundir import LOGS_ROOT
 
 CONF_PATH = "pkg://" + CONF_MODULE
 # The hydra-core releases whose internals (below) this module was written and tested against.
@@ -91,7 +92,7 @@ def _logs_root(root: object) -> str:
     """logs.root as the start of a run or sweep dir: an empty one would put them into /."""
     if not str(root).strip():
         raise ConfigError(
-            "logs.root", "is empty", str(root), "expected a directory, e.g. logs.root=eh_logs"
+            "logs.root", "is empty", str(root), f"expected a directory, e.g. logs.root={LOGS_ROOT}"
         )
     return str(root)
 

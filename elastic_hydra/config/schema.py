@@ -18,6 +18,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from elastic_hydra.rundir import LOGS_ROOT
+
 SCHEMA_NAME = "elastic_hydra_schema"
 CONF_MODULE = "elastic_hydra.conf"  # the presets (conf/ in the repository), as a package
 
@@ -87,7 +89,7 @@ class RestartConf:
 
 @dataclass
 class LogsConf:
-    root: str = key("eh_logs", "where run directories go (relative to the current directory)")
+    root: str = key(LOGS_ROOT, "where run directories go (relative to the current directory)")
     tee: bool = key(True, "copy worker output to the console (the files are always written)")
     quiet: bool = key(False, "nothing on the console but the final summary")
     ranks: list[int] | None = key(None, "local ranks whose output reaches the console; null: all")

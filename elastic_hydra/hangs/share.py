@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from elastic_hydra.errors import STORE_ERRORS
 from elastic_hydra.hangs import verdict
 from elastic_hydra.records import HangRank, HangRecord
 
@@ -25,7 +26,7 @@ MAX_RANKS = 4096  # per node, from the store
 MAX_BYTES = 4 << 20
 _KEY = "elastic_hydra/{run_id}/hang/{what}"
 
-Store = Any  # torch.distributed.Store
+Store = Any  # torch.distributed.Store, as the rendezvous guards it (errors: STORE_ERRORS)
 
 
 def publish_progress(store: Store, run_id: str, round_: int, node: int, last: float) -> None:
@@ -33,7 +34,7 @@ def publish_progress(store: Store, run_id: str, round_: int, node: int, last: fl
     key = _KEY.format(run_id=run_id, what=f"progress/{round_}/{node}")
     try:
         store.set(key, f"{last:.3f}")
-    except Exception:
+    except STORE_ERRORS:
         return
 
 
@@ -46,7 +47,7 @@ def latest_progress(store: Store, run_id: str, round_: int, nodes: int, now: flo
             if not store.check([key]):
                 continue
             value = min(float(bytes(store.get(key)).decode()), now)
-        except Exception:  # gone, or not a number: no word from that node
+        except STORE_ERRORS:  # gone, or not a number: no word from that node
             continue
         latest = value if latest is None else max(latest, value)
     return latest
@@ -68,7 +69,7 @@ def share_hang(
     keys = [_KEY.format(run_id=run_id, what=f"ranks/{key}/{n}") for n in range(nodes)]
     try:
         store.set(keys[node], mine)
-    except Exception:
+    except STORE_ERRORS:
         return record
     found: dict[int, list[HangRank]] = {node: list(record.ranks)}
     deadline = time.monotonic() + SHARE_WAIT
@@ -98,7 +99,7 @@ def _all_read(store: Store, key: str, nodes: int, stopped: Callable[[], bool]) -
         while count < nodes and time.monotonic() < deadline and not stopped():
             time.sleep(0.05)
             count = store.add(key, 0)
-    except Exception:  # the store is gone: nobody is left to read it
+    except STORE_ERRORS:  # the store is gone: nobody is left to read it
         return
 
 
@@ -109,7 +110,7 @@ def _read_ranks(store: Store, key: str) -> list[HangRank] | None:
         if not store.check([key]):
             return None
         raw = bytes(store.get(key))
-    except Exception:
+    except STORE_ERRORS:
         return None
     try:
         data = json.loads(raw) if len(raw) <= MAX_BYTES else None

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from elastic_hydra.records import HangRank
+from elastic_hydra.records import HangRank, RankState
 from elastic_hydra.tracebacks import Frame, ThreadStack, is_launcher_frame
 
 # Where a frame belongs to a library or to Python itself rather than to the user's program.
@@ -85,7 +85,7 @@ def library_call(frame: Frame) -> str:
 def place(rank: HangRank) -> str:
     """Where a rank is, for people: `torch...all_reduce called from train.py:42` or
     `data.py:88 (time.sleep(60))`."""
-    if rank.state != "dumped":
+    if rank.state is not RankState.DUMPED:
         return rank.state.replace("_", " ")
     user = f"{_base(rank.file)}:{rank.line}" if rank.file else ""
     if rank.call:

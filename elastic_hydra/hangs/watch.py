@@ -23,7 +23,7 @@ from elastic_hydra.agent.seams import JobShare, NodeAssignment
 from elastic_hydra.agent.worker_env import DUMP_SIGNAL
 from elastic_hydra.hangs import verdict
 from elastic_hydra.plan import LaunchPlan
-from elastic_hydra.records import HangRank, HangRecord
+from elastic_hydra.records import HangRank, HangRecord, RankState
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.tracebacks import Frame, ThreadStack, parse_threads
 
@@ -98,7 +98,7 @@ class LocalHangWatch:
             verdict=text,
             idle_s=round(idle, 3),
             timeout_s=self.spec.timeout or 0.0,
-            action=self.spec.action.value,
+            action=self.spec.action,
             attempt=self.workers.attempt,
             time=now,
             ranks=tuple(replace(r, odd=r.rank in odd) for r in ranks),
@@ -112,20 +112,20 @@ def dump_ranks(workers: Workers, running: list[int]) -> list[HangRank]:
     for lr, pid in enumerate(workers.pids):
         base = HangRank(
             rank=workers.ranks[lr], local_rank=lr, pid=pid, host=workers.host,
-            node_rank=workers.node_rank, state="exited",
+            node_rank=workers.node_rank, state=RankState.EXITED,
         )  # fmt: skip
         path = workers.run.stacks_file(workers.attempt, lr)
         if lr not in running:
             ranks[lr] = base
         elif process_state(pid) in ("T", "t"):
-            ranks[lr] = replace(base, state="stopped")
+            ranks[lr] = replace(base, state=RankState.STOPPED)
         elif workers.bootstrapped and _size(path) > 0:
             asked[lr] = (path, _size(path))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, DUMP_SIGNAL)
             ranks[lr] = base
         else:
-            ranks[lr] = _with_threads(replace(base, state="no_dump"), py_spy(pid), None)
+            ranks[lr] = _with_threads(replace(base, state=RankState.NO_DUMP), py_spy(pid), None)
     for lr, text in _read_dumps(asked).items():
         ranks[lr] = _with_threads(ranks[lr], parse_threads(text), _main_thread(asked[lr][0]))
     return [ranks[lr] for lr in sorted(ranks)]
@@ -157,7 +157,7 @@ def _with_threads(rank: HangRank, threads: tuple[ThreadStack, ...], main: int | 
     user, inner = verdict.locate(first.frames)
     return replace(
         rank,
-        state="dumped",
+        state=RankState.DUMPED,
         file=user.filename if user else "",
         line=user.lineno if user else 0,
         function=user.name if user else "",

@@ -22,7 +22,7 @@ from elastic_hydra.records import JobResult, RunSummary
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.report.notices import warn
 from elastic_hydra.resolve.resolver import resolve_config
-from elastic_hydra.rundir import PRIVATE_DIR, RunDir, write_private
+from elastic_hydra.rundir import LOGS_ROOT, PRIVATE_DIR, RunDir, write_private
 
 
 class SweepStopped(BaseException):
@@ -71,8 +71,9 @@ def plan_of(job: ComposedJob, ctx: JobContext) -> LaunchPlan:
 
 
 def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
-    """plan.json's content: the plan, secret values of its extra environment masked."""
-    return {**to_dict(plan), "env": redact_env(plan.env)}
+    """plan.json's content: the plan, secret values of its extra environment masked, and its run
+    id as torch has it."""
+    return {**to_dict(plan), "run_id": plan.torch_run_id, "env": redact_env(plan.env)}
 
 
 Prepared = tuple[ComposedJob, LaunchPlan, RunDir]  # a plain run's, checked before Hydra's runner
@@ -100,7 +101,7 @@ class JobRunner:
                 "logs.root",
                 f"cannot make the run directory {exc.filename or ctx.run_dir} ({exc.strerror})",
                 root,
-                "expected a writable directory, e.g. logs.root=$HOME/eh_logs",
+                f"expected a writable directory, e.g. logs.root=$HOME/{LOGS_ROOT}",
             ) from None
         return job, plan, run
 
@@ -142,13 +143,11 @@ class JobRunner:
 
     def _record(self, result: JobResult) -> JobResult:
         self.results.append(result)
+        path = RunDir(Path(result.run_dir)).result
         try:
-            write_private(
-                RunDir(Path(result.run_dir)).result,
-                json.dumps(redact(result.to_json()), indent=2, default=str) + "\n",
-            )
+            write_private(path, json.dumps(redact(result.to_json()), indent=2, default=str) + "\n")
         except OSError as exc:  # the run dir was removed or the disk is full: the code counts
-            warn(f"cannot write result.json ({exc.strerror}: {exc.filename})")
+            warn(f"cannot write {path.name} ({exc.strerror}: {exc.filename})")
         return result
 
 

@@ -22,12 +22,12 @@ from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import JobFailures, Rendezvous
-from elastic_hydra.errors import ConfigError
+from elastic_hydra.errors import EXIT_BUG, ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
 from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan
-from elastic_hydra.records import FailureRecord, RunSummary, WorkerExit, job_root_cause
+from elastic_hydra.records import FailureRecord, RunStatus, RunSummary, WorkerExit, job_root_cause
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
 from elastic_hydra.report import notices
@@ -71,6 +71,7 @@ class EventLog:
 
     def __init__(self, path: Path, echo: bool = False, multi_node: bool = False) -> None:
         self.file: IO[str] | None = os.fdopen(open_private(path), "a", buffering=1)
+        self.name = path.name
         self.events: list[Event] = []
         self.echo = echo
         self.multi_node = multi_node
@@ -81,7 +82,7 @@ class EventLog:
             try:
                 self.file.write(json.dumps(event.to_json()) + "\n")
             except OSError as exc:  # a full disk: the job goes on, the timeline stops here
-                notices.warn(f"cannot write events.jsonl ({exc.strerror}); no more events saved")
+                notices.warn(f"cannot write {self.name} ({exc.strerror}); no more events saved")
                 self._close_file()
         if self.echo:
             notices.progress(event, multi_node=self.multi_node)
@@ -232,11 +233,15 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             job_failures = _job_failures(ended)
             outcome = _failed_elsewhere(outcome, job_failures, ended.last_round)
     except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
-        error = RunSummary(status="config_error", exit_code=exc.exit_code, message=exc.line())
+        error = RunSummary(
+            status=RunStatus.CONFIG_ERROR, exit_code=exc.exit_code, message=exc.line()
+        )
         save_summary(run_dir, error)
         raise
     except BaseException as exc:  # a bug in the launcher: still leave a summary behind
-        error = RunSummary(status="error", exit_code=70, message=f"{type(exc).__name__}: {exc}")
+        error = RunSummary(
+            status=RunStatus.ERROR, exit_code=EXIT_BUG, message=f"{type(exc).__name__}: {exc}"
+        )
         save_summary(run_dir, error)
         raise
     finally:

@@ -12,6 +12,7 @@ import sys
 from datetime import timedelta
 
 from elastic_hydra import stopsignals
+from elastic_hydra.errors import EXIT_CONFIG
 from elastic_hydra.rendezvous.local import listen_socket
 
 PREFIX = "elastic-hydra rdzv-server"
@@ -35,13 +36,13 @@ def serve(host: str, port: int) -> int:
             "of this machine (--host) and a free port (--port)",
             file=ERR,
         )
-        return 2
+        return EXIT_CONFIG
     try:
         from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         print(f"{PREFIX}: needs PyTorch: pip install torch", file=ERR)
         sock.close()
-        return 2
+        return EXIT_CONFIG
     port = sock.getsockname()[1]
     store = TCPStore(  # torch's own store, on the socket bound to --host alone
         host,

@@ -2,7 +2,8 @@
 assignment and the exit barrier (torchrun's keys, so torchrun agents can share the job), and every
 node's failure records (for the job-wide root cause).
 
-It works on any torch `Store`, passed in: it imports no torch itself.
+It works on any torch `Store`, passed in (`torch_handler.guarded`: its failures are within
+`errors.STORE_ERRORS`): it imports no torch itself.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from elastic_hydra.agent.seams import StopRequest
+from elastic_hydra.errors import STORE_ERRORS
 from elastic_hydra.records import FailureRecord
 from elastic_hydra.rendezvous import sealed_records
 
@@ -27,6 +29,9 @@ ROLE_INFO = "torchelastic/role_info/"
 ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
 EXIT_BARRIER = "torchelastic/agent/terminal_state"
 NODE_FACTS = "elastic_hydra/node/"  # per round: each node's config hash and Slurm node id
+# A store's failures, and what other nodes' values raise when they are not what they claim to be
+# (the store is untrusted: a list where a dict was, a string where a number was).
+STORE_READ_ERRORS: tuple[type[Exception], ...] = (*STORE_ERRORS, TypeError)
 _HASH = re.compile(r"[0-9a-f]{0,64}")  # empty: a plan made without a config
 
 
@@ -122,7 +127,7 @@ def node_ranks(store: Store, nodes: Collection[int]) -> dict[int, str]:
                 continue
             info, assigned = (json.loads(raw) for raw in store.multi_get(keys))
             base, size = assigned[0], info["local_world_size"]
-        except Exception:  # not JSON, not a list, no such key: nothing said of that node
+        except STORE_READ_ERRORS:  # not JSON, not a list, no such key: nothing said of it
             continue
         if type(base) is int and type(size) is int and base >= 0 and size > 0:
             out[node] = str(base) if size == 1 else f"{base}-{base + size - 1}"
@@ -150,7 +155,7 @@ def publish_failure(store: Store, run_id: str, record: FailureRecord, secret: by
     try:
         index = store.add(f"{key}/count", 1)
         store.set(f"{key}/{index}", sealed_records.seal(record, secret))
-    except Exception:
+    except STORE_ERRORS:
         return
 
 
@@ -171,7 +176,7 @@ def read_failures(
         for index in range(1, count + 1):
             if store.check([f"{key}/{index}"]):
                 raws.append(bytes(store.get(f"{key}/{index}")))
-    except Exception:
+    except STORE_ERRORS:
         pass
     return sealed_records.check_all(raws, secret=secret, nodes=nodes, last_round=last_round)
 
@@ -199,13 +204,13 @@ def exit_barrier(
                 store.wait([last], timedelta(seconds=wait))
                 return True
             return bool(store.check([last]))
-        except Exception:  # not yet (the wait timed out), or the store is gone
+        except STORE_ERRORS:  # not yet (the wait timed out), or the store is gone
             return False
 
     try:
         if store.add(f"{EXIT_BARRIER}/num_members", 1) == nodes:
             store.set(last, "<val_ignored>")
-    except Exception:
+    except STORE_ERRORS:
         return None
     while time.monotonic() - started < timeout:
         if done(wait=0.2):

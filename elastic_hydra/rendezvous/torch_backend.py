@@ -31,7 +31,7 @@ from elastic_hydra.agent.seams import (
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan
-from elastic_hydra.records import FailureRecord, HangRecord
+from elastic_hydra.records import FailureRecord, HangRecord, PeerChange
 from elastic_hydra.rendezvous import sealed_records, store_keys
 from elastic_hydra.rendezvous.join_wait import JoinWait
 from elastic_hydra.rendezvous.torch_handler import (
@@ -40,6 +40,7 @@ from elastic_hydra.rendezvous.torch_handler import (
     bound_tcp_store,
     create_handler,
     dynamic_state,
+    guarded,
     node_name,
     this_node,
 )
@@ -67,7 +68,9 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
         self.interrupt = interrupt
         self.say = say  # a line on the console while a join waits
         self.status = status  # on a terminal: a status line rewritten every second instead
-        self.where = f"{self.spec.backend.value} rendezvous '{plan.run_id}' at {self.spec.endpoint}"
+        self.where = (
+            f"{self.spec.backend.value} rendezvous '{plan.torch_run_id}' at {self.spec.endpoint}"
+        )
         self.node: NodeAssignment | None = None
         self.store: Store | None = None  # this round's store
         self.job_store: Store | None = None  # the store under every round's prefix
@@ -92,7 +95,7 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
     def poll(self) -> Change | None:
         try:
             waiting = self.handler.num_nodes_waiting()  # syncs the shared state (cached 1 s)
-        except Exception as exc:
+        except Exception as exc:  # torch's handler: see torch_handler
             raise RendezvousError(self._lost(exc)) from None
         state = dynamic_state(self.handler)
         if state is not None and state.closed:
@@ -106,12 +109,11 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
                 return Change(
                     kind=ChangeKind.JOINED, reason=f"{new} new node(s) waiting to join", nodes=new
                 )
-            what = "restarted its workers"
             return Change(
                 kind=ChangeKind.JOINED,
-                reason=f"{self._names(back)} {what}: a new round for every node",
+                reason=f"{self._names(back)} {PeerChange.RESTARTED}: a new round for every node",
                 nodes=len(back),
-                peers=self._peers(back, what),
+                peers=self._peers(back, PeerChange.RESTARTED),
             )
         if state is None:
             return None  # legacy etcd keeps no heartbeats: a departure shows as worker failures
@@ -123,10 +125,10 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
             return None
         return Change(
             kind=ChangeKind.LEFT,
-            reason=f"{self._names(gone) or 'a node'} left the job (no heartbeat for "
+            reason=f"{self._names(gone) or 'a node'} {PeerChange.LEFT} (no heartbeat for "
             f"{self.spec.departure_bound:g} s)",
             nodes=len(alive),
-            peers=self._peers(gone, "left the job"),
+            peers=self._peers(gone, PeerChange.LEFT),
         )
 
     def _confirmed(self, gone: frozenset[object]) -> bool:
@@ -147,13 +149,13 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
             rdzv_round=self._round,
             node=node_name(this_node(self.handler)),
         )
-        store_keys.publish_failure(self.job_store, self.plan.run_id, where, self.secret)
+        store_keys.publish_failure(self.job_store, self.plan.torch_run_id, where, self.secret)
 
     def share_progress(self, last: float) -> float:
         """seams.JobShare: this node's latest progress out, the job's latest in."""
         if self.job_store is None or self.node is None:
             return last
-        run_id, node = self.plan.run_id, self.node
+        run_id, node = self.plan.torch_run_id, self.node
         share.publish_progress(self.job_store, run_id, self._round, node.group_rank, last)
         latest = share.latest_progress(
             self.job_store, run_id, self._round, node.group_world_size, time.time()
@@ -167,7 +169,7 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
         self._hangs += 1
         return share.share_hang(
             self.job_store,
-            self.plan.run_id,
+            self.plan.torch_run_id,
             key=f"{self._round}/{self._hangs}",
             node=self.node.group_rank,
             nodes=self.node.group_world_size,
@@ -208,7 +210,7 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
         legacy = dynamic_state(self.handler) is None  # legacy etcd names no participants
         return store_keys.read_failures(
             self.job_store,
-            self.plan.run_id,
+            self.plan.torch_run_id,
             secret=self.secret,
             nodes=None if legacy else self._seen,
             last_round=self._round,
@@ -237,30 +239,29 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
         """Close the rendezvous for this run id: nodes still in it stop instead of waiting."""
         if self.handler is None:
             return  # never connected
-        with contextlib.suppress(Exception):  # the store is already gone
+        with contextlib.suppress(Exception):  # torch's handler: the store is already gone
             self.handler.shutdown()
 
     # ------------------------------------------------------------------------------- internals
     def _join(self) -> NodeAssignment:
         info = self._next_rendezvous()
         first_round = self.store is None
+        store = guarded(info.store, self.spec.backend)
         try:
-            group_rank = self._group_rank(info)
+            group_rank = self._group_rank(info, store)
             if info.rank == 0:  # first: a joining torchrun node's handler waits for it
-                master = self._master(info)
+                master = self._master(info, store)
             node = store_keys.assign_ranks(
-                self.plan.role, self.plan.nproc_per_node, info.store, group_rank, info.world_size
+                self.plan.role, self.plan.nproc_per_node, store, group_rank, info.world_size
             )
             if info.rank != 0:  # after our role info: a torchrun node 0 waits for it
-                master = self._master(info)
+                master = self._master(info, store)
             # Every elastic-hydra node published its facts before its part of assign_ranks.
-            facts = store_keys.read_facts(info.store, info.world_size, wait=False)
-        except RendezvousError:
-            raise
-        except Exception as exc:
+            facts = store_keys.read_facts(store, info.world_size, wait=False)
+        except store_keys.STORE_READ_ERRORS as exc:
             raise RendezvousError(self._lost(exc)) from None
         self._check_mixed(len(facts) < info.world_size, first_round)
-        self._torchrun = self._torchrun_nodes(info.store, set(range(info.world_size)) - set(facts))
+        self._torchrun = self._torchrun_nodes(store, set(range(info.world_size)) - set(facts))
         other = store_keys.config_mismatch(facts, info.rank)
         if other is not None:
             raise RendezvousError(
@@ -269,7 +270,7 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
                 "the same job file and overrides, and take per-launch values such as ${now:} "
                 "from hydra.run.dir, not from the job's keys"
             )
-        self._enter_round(info)
+        self._enter_round(info, store)
         return NodeAssignment(
             group_rank=group_rank,
             group_world_size=info.world_size,
@@ -298,14 +299,15 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
                 f"the {self.where} is closed: this job already ended on another node. "
                 "Pick a new rdzv.id to start a new job"
             ) from None
-        except Exception as exc:
+        except Exception as exc:  # torch's handler: see torch_handler
             raise RendezvousError(self._lost(exc)) from None
         return info
 
-    def _enter_round(self, info: Any) -> None:
+    def _enter_round(self, info: Any, store: Store) -> None:
         """The round's stores, members and number, once this node is in it."""
-        self.store = info.store
-        self.job_store = getattr(info.store, "underlying_store", info.store)
+        self.store = store
+        under = getattr(info.store, "underlying_store", info.store)  # every round's prefix
+        self.job_store = guarded(under, self.spec.backend)
         state = dynamic_state(self.handler)
         if state is not None:
             self._members, self._round = frozenset(state.participants), state.round
@@ -314,20 +316,19 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
         else:
             self._round += 1
 
-    def _group_rank(self, info: Any) -> int:
+    def _group_rank(self, info: Any, store: Store) -> int:
         """This node's rank: in Slurm's node order when the plan has one (every node is an
         elastic-hydra agent then), else torch's. Without the agent's store, the workers' rank 0
         hosts their store where torch's rank 0 is, so torch's order stays."""
         order = self.spec.node_order
-        store_keys.publish_facts(
-            info.store, info.rank, store_keys.NodeFacts(self.plan.config_hash, order)
-        )
+        facts = store_keys.NodeFacts(self.plan.config_hash, order)
+        store_keys.publish_facts(store, info.rank, facts)
         if order is None or not self.handler.use_agent_store:
             return int(info.rank)
-        facts = store_keys.read_facts(info.store, info.world_size, wait=True)
-        return store_keys.ordered_rank(facts, info.rank)
+        every = store_keys.read_facts(store, info.world_size, wait=True)
+        return store_keys.ordered_rank(every, info.rank)
 
-    def _master(self, info: Any) -> Endpoint:
+    def _master(self, info: Any, store: Store) -> Endpoint:
         """MASTER_ADDR/PORT of this round, the same on every node, on a store fresh to the round.
 
         torch's handler publishes them only when it first builds them, then hands the workers the
@@ -336,7 +337,6 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
         key prefix) would read the previous round's keys. So in a round where torch published
         nothing, node 0 starts a fresh store for the workers and publishes it; the others read.
         """
-        store = info.store
         if info.rank != 0 and not store.check([MASTER_ADDR]):
             # Node 0 assigned the ranks without publishing the round's store: a torchrun agent
             # that keeps its first round's store (see _check_mixed).

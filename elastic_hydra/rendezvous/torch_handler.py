@@ -3,6 +3,12 @@ listen on their host's address alone, torch's logs kept quiet, a clear error whe
 python-etcd is missing) and what it keeps of the job (the shared state, its nodes by name).
 
 Everything here reads or patches torch's own objects; `rendezvous_torch` builds the protocol on it.
+
+Calls into torch's handler catch every Exception on purpose: besides its RendezvousError family
+it lets through its store's errors, python-etcd's (no builtin base) and legacy etcd's own retry
+failures, and each of them means a lost rendezvous to the user (exit 3 with torch's words), never
+a launcher bug (exit 70). Calls on a store catch `errors.STORE_ERRORS` alone: `guarded` makes an
+etcd store raise within them.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from elastic_hydra.errors import ConfigError, RendezvousError
@@ -45,7 +51,7 @@ def create_handler(plan: LaunchPlan, where: str) -> RendezvousHandler:
     params = parameters(
         backend=spec.backend.value,
         endpoint=str(spec.endpoint),
-        run_id=plan.run_id,
+        run_id=plan.torch_run_id,
         min_nodes=plan.nnodes.min,
         max_nodes=plan.nnodes.max,
         local_addr=plan.local_addr,
@@ -54,7 +60,7 @@ def create_handler(plan: LaunchPlan, where: str) -> RendezvousHandler:
     try:
         with _stores_bound_to_their_host():
             handler = get_handler(params)
-    except Exception as exc:
+    except Exception as exc:  # torch's handler: any failure is an unreachable rendezvous
         raise RendezvousError(
             f"cannot reach the {where}: {reason(exc)}. Start the "
             f"{_server(spec)} there, or fix rdzv.endpoint"
@@ -171,6 +177,38 @@ def _stores_bound_to_their_host() -> Iterator[None]:
         yield
     finally:
         c10d.TCPStore = original
+
+
+def guarded(store: Store, backend: DynamicBackend) -> Store:
+    """The store as our code uses it, every failure within `errors.STORE_ERRORS`.
+
+    torch's c10d store already raises RuntimeError (DistStoreError, DistNetworkError) and OSError;
+    its EtcdStore lets python-etcd's EtcdException through (a connection lost, an etcd that went
+    away), raised here as a ConnectionError caused by it.
+    """
+    return store if backend is DynamicBackend.C10D else _EtcdStore(store)
+
+
+class _EtcdStore:
+    """torch's EtcdStore (or a PrefixStore over it), python-etcd's errors raised as
+    ConnectionError: see `guarded`."""
+
+    def __init__(self, store: Store) -> None:
+        import etcd  # python-etcd: present, torch's etcd handlers made this store with it
+
+        self._store = store
+        self._errors: type[Exception] = etcd.EtcdException
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except self._errors as exc:
+                raise ConnectionError(str(exc)) from exc
+
+        return call
 
 
 def dynamic_state(handler: object) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.plan import Dynamic, DynamicBackend
-from elastic_hydra.records import PeerFailure, peer_name
+from elastic_hydra.records import PeerChange, PeerFailure, peer_name
 from elastic_hydra.rendezvous import store_keys
 from elastic_hydra.rendezvous.torch_handler import (
     RendezvousHandler,
@@ -46,7 +46,7 @@ class TorchrunAgents:
             return node_name(node)
         return peer_name(torchrun[0], agent_name(node), torchrun[1])
 
-    def _peers(self, nodes: Collection[object], what: str) -> tuple[PeerFailure, ...]:
+    def _peers(self, nodes: Collection[object], what: PeerChange) -> tuple[PeerFailure, ...]:
         """What torchrun agents among `nodes` did: they publish no failure records of their own."""
         found = sorted(
             (t, agent_name(n)) for n in nodes if (t := self._torchrun.get(n)) is not None

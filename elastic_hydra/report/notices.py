@@ -19,7 +19,9 @@ from elastic_hydra.agent.events import (
     Restart,
     Stopping,
 )
+from elastic_hydra.plan import HangAction
 from elastic_hydra.records import RunSummary
+from elastic_hydra.rundir import RunDir
 
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
 
@@ -43,11 +45,14 @@ def progress(event: Event, *, multi_node: bool) -> None:
             who = "the workers hung" if event.rank is None else f"rank {event.rank} failed"
             say(f"elastic-hydra: {who}: {event.reason}")
         case Hang():
-            then = {"report": "they keep running", "restart": "stopping them (a failure)"}
-            action = event.action.value
+            then = {
+                HangAction.REPORT: "they keep running",
+                HangAction.RESTART: "stopping them (a failure)",
+            }
             say(
-                f"elastic-hydra: {event.verdict}. Every rank's stacks: attempt_{event.attempt}/"
-                f"*/stacks.txt; {then.get(action, 'stopping the job')} (hang.action={action})"
+                f"elastic-hydra: {event.verdict}. Every rank's stacks: "
+                f"{RunDir.stacks_shown(event.attempt, '*')}; "
+                f"{then.get(event.action, 'stopping the job')} (hang.action={event.action})"
             )
         case Stopping():
             say(

@@ -39,10 +39,12 @@ from elastic_hydra.records import (
     HangRecord,
     JobResult,
     PeerFailure,
+    RunStatus,
     RunSummary,
 )
 from elastic_hydra.redact import redact_env
 from elastic_hydra.report.notices import took
+from elastic_hydra.rundir import RunDir
 
 
 def console(stderr: bool = False, soft_wrap: bool = False) -> Console:
@@ -65,7 +67,7 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
         "topology": f"{plan.nnodes} node(s) x {plan.nproc_per_node} process(es) "
         f"= world size {world}",
         "rendezvous": describe_rdzv(plan),
-        "run id": plan.run_id,
+        "run id": plan.torch_run_id,
         "role": plan.role,
         "restart": describe_restart(plan.restart),
         "stop grace": f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)",
@@ -262,7 +264,7 @@ def hang_section(hang: HangRecord, *, plain: bool) -> list[RenderableType]:
         where = f"rank {r.rank} (local rank {r.local_rank}) on {r.host}, pid {r.pid}: {r.state}"
         parts.append(Text(where, style="bold yellow"))
         parts += [Text(line) for line in verdict.main_stack_lines(r) or ()]
-    parts.append(Text(f"every rank's stacks: attempt_{hang.attempt}/<local rank>/stacks.txt"))
+    parts.append(Text(f"every rank's stacks: {RunDir.stacks_shown(hang.attempt, '<local rank>')}"))
     return parts
 
 
@@ -347,7 +349,7 @@ def print_report(summary: RunSummary, events: Sequence[Event]) -> None:
     ending: RenderableType = Text(
         f"elastic-hydra: succeeded ({took(summary)}); run dir {summary.run_dir}"
     )
-    if summary.status != "succeeded":
+    if summary.status is not RunStatus.SUCCEEDED:
         ending = outcome_report(summary, plain=plain, width=out.width)
     else:  # what happened on the way: a reported hang, torchrun nodes' restarts
         on_the_way: list[RenderableType] = []

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.plan import Command, LaunchPlan, PythonModule, PythonScript
-from elastic_hydra.records import FailureRecord, RunSummary, job_root_cause, signal_name
+from elastic_hydra.records import FailureRecord, RunStatus, RunSummary, job_root_cause, signal_name
 
 
 def summarize(
@@ -30,7 +30,7 @@ def summarize(
     if outcome.status is Status.FAILED:
         cause = job_root_cause(job_failures) or job_root_cause(outcome.failures)
     return RunSummary(
-        status=outcome.status.value,
+        status=RunStatus(outcome.status.value),
         exit_code=outcome.exit_code,
         message=outcome.reason,
         entrypoint=entrypoint_name(plan),
@@ -39,7 +39,7 @@ def summarize(
         started=started,
         duration_s=round(duration, 6),
         host=host,
-        run_id=plan.run_id,
+        run_id=plan.torch_run_id,
         run_dir=plan.run_dir,
         signal=signal_name(outcome.signal) if outcome.signal else None,
         stuck_pids=outcome.stuck_pids,

@@ -42,9 +42,7 @@ class HostFacts:
     is_file: Callable[[str], bool] = os.path.isfile
     is_dir: Callable[[str], bool] = os.path.isdir
     is_executable: Callable[[str], bool] = _executable
-    which: Callable[[str, str | None], str | None] = lambda name, path: shutil.which(
-        name, path=path
-    )
+    which: Callable[[str, str | None], str | None] = _which
 
 
 def resolve_entrypoint(conf: ElasticHydraConf, host: HostFacts) -> Entrypoint:

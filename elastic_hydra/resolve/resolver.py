@@ -107,7 +107,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         nnodes=topology.nnodes,
         nproc_per_node=nproc,
         rdzv=topology.rdzv,
-        run_id=topology.run_id or (uuid.uuid4().hex if fresh else "none"),
+        run_id=topology.run_id or (uuid.uuid4().hex if fresh else None),
         role=resolve_role(conf.role),
         local_addr=conf.local_addr or None,
         restart=resolve_restart(conf.restart),

@@ -31,11 +31,10 @@ from typing import NoReturn, Protocol
 
 from elastic_hydra.errors import EXIT_BUG
 from elastic_hydra.records import JobResult
-from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
+from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE, RunDir
 from elastic_hydra.stopsignals import StopFlag, handle_signals, record_early
 from elastic_hydra.sweeps.slots import Slot
 
-CONSOLE_LOG = "console.log"  # what a job printed (its agent's console), in its run dir
 _TICK = 1.0  # the view's refresh period (elapsed times)
 
 
@@ -186,7 +185,7 @@ class _Dispatch:
         job = row.job
         job.run_dir.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        log = os.open(job.run_dir / CONSOLE_LOG, flags, PRIVATE_FILE)
+        log = os.open(RunDir(job.run_dir).console, flags, PRIVATE_FILE)
         sys.stdout.flush()  # or the child would write what is buffered here a second time
         sys.stderr.flush()
         parent = os.getpid()
@@ -278,9 +277,9 @@ def _state(exit_code: int) -> State:
 
 def read_result(job: PoolJob, code: int) -> JobResult:
     """The job's result.json; a result made from its exit status when it wrote none."""
-    path = job.run_dir / "result.json"
+    run = RunDir(job.run_dir)
     try:
-        return JobResult.from_json(json.loads(path.read_text()))
+        return JobResult.from_json(json.loads(run.result.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
         pass
     how = (
@@ -288,10 +287,11 @@ def read_result(job: PoolJob, code: int) -> JobResult:
         if 128 < code < 128 + signal.NSIG
         else f"exit code {code}"
     )
+    told = f"its process ended ({how}) without a result; see {run.console.name}"
     return JobResult(
         overrides=job.overrides,
         exit_code=code,
         run_dir=str(job.run_dir),
-        message=f"its process ended ({how}) without a result; see {CONSOLE_LOG}" if code else "",
+        message=told if code else "",
         swept=True,
     )

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from elastic_hydra.errors import ConfigError
+from elastic_hydra.plan import TORCHRUN_RUN_ID
 
 BACKENDS = ("static", "c10d", "etcd-v2", "etcd")
 DYNAMIC = ("c10d", "etcd-v2", "etcd")
@@ -167,9 +168,9 @@ def _dynamic(b: Builder, v: Mapping[str, Given]) -> None:
     if (g := v.get("rdzv_id")) is not None:
         b.set("rdzv.id", str(g.value), g)
     elif max_nodes(v) > 1:
-        b.set("rdzv.id", "none", None)
-        b.note("no --rdzv-id: the run id is torchrun's default, none; give each job its own "
-               "--rdzv-id so that jobs sharing a store stay apart")  # fmt: skip
+        b.set("rdzv.id", TORCHRUN_RUN_ID, None)
+        b.note(f"no --rdzv-id: the run id is torchrun's default, {TORCHRUN_RUN_ID}; give each "
+               "job its own --rdzv-id so that jobs sharing a store stay apart")  # fmt: skip
 
 
 def _host_port(g: Given) -> tuple[str, int]:

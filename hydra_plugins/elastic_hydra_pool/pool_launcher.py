@@ -73,7 +73,7 @@ class PoolLauncher(Launcher):
         # Imported here: Hydra imports every plugin module at each start, for any launcher.
         from elastic_hydra import stopsignals
         from elastic_hydra.launch.job import SweepStopped
-        from elastic_hydra.rundir import PRIVATE_DIR
+        from elastic_hydra.rundir import PRIVATE_DIR, SweepDir
         from elastic_hydra.sweeps import pool, view
 
         assert self.config is not None
@@ -87,7 +87,7 @@ class PoolLauncher(Launcher):
             outcome = pool.run_pool(
                 jobs, slots, view=shown, stagger=self.stagger, signum=stopsignals.pending_signal()
             )
-        _save(sweep_dir / "pool.json", outcome.to_json())
+        _save(SweepDir(sweep_dir).pool, outcome.to_json())
         returns = [self._job_return(row) for row in outcome.rows if row.result is not None]
         if outcome.signum is not None:
             raise SweepStopped(128 + outcome.signum, [r.return_value for r in returns])
