@@ -32,6 +32,7 @@ class EventsRead:
     events: tuple[Event, ...]
     unknown: int = 0  # events of kinds this release does not know (a newer one wrote them)
     unreadable: int = 0  # lines that are no event: cut short by a killed agent, or garbled
+    file: str = ""  # the file's name, for the notice
 
     def skipped(self) -> str | None:
         """What was skipped, in words; None when every line was read."""
@@ -42,7 +43,7 @@ class EventsRead:
             parts.append(f"{self.unreadable} that did not read as an event (cut short?)")
         if not parts:
             return None
-        return f"{self.unknown + self.unreadable} line(s) of events.jsonl skipped: " + (
+        return f"{self.unknown + self.unreadable} line(s) of {self.file} skipped: " + (
             ", ".join(parts)
         )
 
@@ -68,7 +69,7 @@ def read_events(path: Path) -> EventsRead:
             events.append(event_from_json(obj))
         except NewerFormatError as exc:
             raise ConfigError(
-                "events.jsonl",
+                path.name,
                 f"written in format {exc.found}, newer than this elastic-hydra reads",
                 str(path),
                 f"expected format {FORMAT} or earlier",
@@ -78,7 +79,7 @@ def read_events(path: Path) -> EventsRead:
             unknown += 1
         except EventLineError:
             unreadable += 1
-    return EventsRead(events=tuple(events), unknown=unknown, unreadable=unreadable)
+    return EventsRead(events=tuple(events), unknown=unknown, unreadable=unreadable, file=path.name)
 
 
 def last_start(events: Sequence[Event]) -> WorkersStarted | None:
