@@ -42,7 +42,11 @@ def tests(session: nox.Session) -> None:
 
 # The hydra-core releases the Hydra boundary supports (pyproject: >=1.3.2,<1.4): oldest, newest.
 HYDRA_RANGE = ["1.3.2", "1.3.8"]
-CLI_TESTS = ["tests/test_cli.py", "tests/test_config_errors.py", "tests/test_one_composition.py"]
+CLI_TESTS = [
+    "tests/cli/test_cli.py",
+    "tests/config/test_config_errors.py",
+    "tests/config/test_one_composition.py",
+]
 
 
 @nox.session(python=PYTHON)

@@ -3,7 +3,7 @@
     python benchmarks/restart_rate.py [--trials 5] [--deadline 60] [--out DIR]
 
 Each trial is one job of 2 workers in all (2 on one node, or 1 on each of 2 agents over c10d on
-this host) running tests/workers/elastic.py: every rank joins a gloo group and all_reduces;
+this host) running tests/scripts/elastic.py: every rank joins a gloo group and all_reduces;
 rank 0 fails once, after its first all_reduce; every launcher restarts the group (max restarts
 2), and the trial succeeds when every agent exits 0 within --deadline seconds. A trial still
 running then counts as a failure (a hang) and is killed. Mixed jobs (one elastic-hydra agent and
@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "workers" / "elastic.py"
+WORKER = REPO / "tests" / "scripts" / "elastic.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 FAST = ("last_call_timeout=1", "keep_alive_interval=1", "keep_alive_max_attempt=3")

@@ -17,12 +17,12 @@ import psutil
 import pytest
 
 if TYPE_CHECKING:  # slurm_cluster uses wait_for from here: imported where it is needed
-    from slurm_cluster import SlurmCluster
+    from tests.slurm_cluster import SlurmCluster
 
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
-WORKERS = Path(__file__).resolve().parent / "workers"
+WORKERS = Path(__file__).resolve().parent / "scripts"
 ELASTIC_HYDRA = [sys.executable, "-m", "elastic_hydra"]
 
 
@@ -98,7 +98,7 @@ def no_leftover_processes() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A real two-node Slurm cluster (nodes n1, n2) for the whole session, stopped at its end."""
-    from slurm_cluster import slurm_cluster
+    from tests.slurm_cluster import slurm_cluster
 
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster

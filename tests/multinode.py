@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conftest import ELASTIC_HYDRA, WORKERS, wait_for
-
 from elastic_hydra.agent.events import Event
 from elastic_hydra.report.events_file import read_events
+from tests.conftest import ELASTIC_HYDRA, WORKERS, wait_for
 
 # Small torch rendezvous timings so that membership changes take seconds, not minutes.
 FAST = (

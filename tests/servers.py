@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import wait_for
+from tests.conftest import wait_for
 
 ETCD_START_TIMEOUT = 20.0
 ETCD_STOP_TIMEOUT = 5.0

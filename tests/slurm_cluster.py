@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conftest import wait_for
-from servers import free_ports, log_tail, stop_group
+from tests.conftest import wait_for
+from tests.servers import free_ports, log_tail, stop_group
 
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0

@@ -12,7 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import REPO
+
+from tests.conftest import REPO
 
 BENCHMARKS = str(REPO / "benchmarks")
 LAUNCH = {"elastic-hydra": [1.0, 1.2, 1.1], "torchrun": [3.0, 3.1, 2.9], "floor": [0.9, 1.0, 0.8]}

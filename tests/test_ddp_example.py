@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ELASTIC_HYDRA, REPO
+
+from tests.conftest import ELASTIC_HYDRA, REPO
 
 pytestmark = [
     pytest.mark.timeout(180),

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 import yaml  # type: ignore[import-untyped]
-from conftest import ELASTIC_HYDRA, REPO
-from test_layering import FOLDERS, ROOT
+
+from tests.conftest import ELASTIC_HYDRA, REPO
+from tests.test_layering import FOLDERS, ROOT
 
 DOCS = REPO / "docs"
 README = REPO / "README.md"

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ELASTIC_HYDRA, WORKERS, wait_for
-from test_hardening_processes import marked
+
+from tests.conftest import ELASTIC_HYDRA, WORKERS, wait_for
+from tests.workers.test_hardening_processes import marked
 
 pytestmark = pytest.mark.timeout(180)
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from tests.conftest import REPO
 
 PACKAGE = REPO / "elastic_hydra"
 ROOT = "(root)"
@@ -333,3 +333,11 @@ def test_no_module_does_work_when_imported() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {}
+
+
+def test_the_tests_mirror_the_folders() -> None:
+    # A folder's tests live in tests/<folder>/; the root's and whole-project checks in tests/.
+    tests = REPO / "tests"
+    mirrored = {p.name for p in tests.iterdir() if (p / "__init__.py").exists()}
+    assert mirrored == set(FOLDERS) - {ROOT}
+    assert all(list((tests / name).glob("test_*.py")) for name in mirrored)

@@ -16,7 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+
+from tests.conftest import REPO
 
 # Never copied into the build tree: VCS data, build outputs and caches of the checkout.
 SKIP = shutil.ignore_patterns(

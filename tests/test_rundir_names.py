@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-from conftest import REPO
+from tests.conftest import REPO
 
 OWNER = REPO / "elastic_hydra" / "rundir.py"
 SOURCES = sorted((REPO / "elastic_hydra").rglob("*.py")) + sorted(

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-import slurm_cluster as cluster_module
-from conftest import wait_for
-from slurm_cluster import SlurmCluster, find_binaries
+
+from tests import slurm_cluster as cluster_module
+from tests.conftest import wait_for
+from tests.slurm_cluster import SlurmCluster, find_binaries
 
 STEP_TIMEOUT = 60.0
 QUEUE_TIMEOUT = 20.0

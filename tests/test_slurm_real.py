@@ -19,9 +19,10 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import ELASTIC_HYDRA, WORKERS, wait_for
-from launch import launcher_env
-from slurm_cluster import SlurmCluster
+
+from tests.conftest import ELASTIC_HYDRA, WORKERS, wait_for
+from tests.harness import launcher_env
+from tests.slurm_cluster import SlurmCluster
 
 NODE_TASK = WORKERS / "node_task.py"
 ALLREDUCE = WORKERS / "allreduce.py"

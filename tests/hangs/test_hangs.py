@@ -1,0 +1,460 @@
+"""Hangs: progress without code changes, every rank's stack before any kill, one verdict.
+
+Pure parts first (the progress rule, dump parsing, the verdict), then the executor with a fake
+watch (what each `hang.action` does), then real launches: three gloo ranks with one late for
+the all_reduce (each action, timed from the hang's onset), plain-Python ranks blocked in a read,
+in a C call holding the GIL, SIGSTOPped, not run through the bootstrap, and computing for three
+times the timeout (never flagged).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastic_hydra.agent.events import Hang, WorkersStarted
+from elastic_hydra.hangs import share, verdict
+from elastic_hydra.plan import HangAction
+from elastic_hydra.records import HangRank, HangRecord, RankState
+from elastic_hydra.tracebacks import parse_threads
+from tests.conftest import WORKERS, free_port, wait_for
+from tests.harness import run, started
+from tests.launch.test_agent_real import read_events
+from tests.multinode import FAST, job
+
+pytestmark = pytest.mark.timeout(120)
+
+DUMP = """main thread 0x00007f0000000001
+Thread 0x00007f00000000aa (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 324 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/e/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2 in all_reduce
+  File "/e/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 8 in wrapper
+  File "/home/u/train.py", line 42 in step
+  File "/home/u/train.py", line 60 in <module>
+"""
+PY_SPY = """Process 4242: python train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4250 (idle): "Thread-1"
+    wait (threading.py:324)
+Thread 4242 (idle): "MainThread"
+    load (data.py:88)
+    main (train.py:12)
+"""
+
+
+# ------------------------------------------------------------------------------------ pure
+def test_progress_is_a_stack_change_or_cpu_time() -> None:
+    p = verdict.RankProgress(last_progress=100.0)
+    p.observe(now=101.0, stack_changed=None, cpu=5.0, ran=None)  # the first look: a baseline
+    assert p.last_progress == 100.0
+    p.observe(now=102.0, stack_changed=None, cpu=5.01, ran=None)  # 1% of a core: waiting
+    assert p.last_progress == 100.0
+    p.observe(now=103.0, stack_changed=102.5, cpu=5.02, ran=None)  # its main thread moved
+    assert p.last_progress == 102.5
+    p.observe(now=104.0, stack_changed=102.5, cpu=5.9, ran=None)  # 88% of a core: computing
+    assert p.last_progress == 104.0
+    assert verdict.idle_for([p, verdict.RankProgress(last_progress=90.0)], now=110.0) == 6.0
+
+
+def test_a_gpu_ranks_cpu_time_counts_only_while_its_main_thread_runs_python() -> None:
+    # Measured on an H100: a main thread blocked in `.item()` behind a 75 s kernel used a whole
+    # core all along. A healthy loop's main thread also spends most of its time there, but runs
+    # Python between its calls.
+    p = verdict.RankProgress(last_progress=100.0, gpu=True)
+    p.observe(now=101.0, stack_changed=None, cpu=5.0, ran=100.9)
+    p.observe(now=102.0, stack_changed=None, cpu=6.0, ran=101.5)  # a core, and Python ran
+    assert p.last_progress == 102.0
+    p.observe(now=103.0, stack_changed=None, cpu=7.0, ran=101.5)  # one look's lag is allowed
+    assert p.last_progress == 103.0
+    p.observe(now=104.0, stack_changed=None, cpu=8.0, ran=101.5)  # a core, in one C call
+    p.observe(now=105.0, stack_changed=None, cpu=9.0, ran=0.0)  # (or never ran Python)
+    assert p.last_progress == 103.0
+    p.observe(now=106.0, stack_changed=None, cpu=10.0, ran=None)  # no probe: CPU time counts
+    assert p.last_progress == 106.0
+
+
+def test_the_bootstrap_notes_when_the_main_thread_runs_python_and_not_in_a_c_call(
+    tmp_path: Path,
+) -> None:
+    from elastic_hydra.workers import bootstrap
+
+    progress, out = tmp_path / "progress", tmp_path / "out"
+    env = {**os.environ, "ELASTIC_HYDRA_PROGRESS_FILE": str(progress),
+           "ELASTIC_HYDRA_PROGRESS_EVERY": "0.1"}  # fmt: skip
+    worker = WORKERS / "probe_ran.py"
+    subprocess.run(
+        [sys.executable, bootstrap.__file__, str(worker), str(progress), str(out)],
+        env=env, check=True, timeout=30,
+    )  # fmt: skip
+    seen = {k: float(v) for k, v in (line.split() for line in out.read_text().splitlines())}
+    assert 0 < seen["loop1"] < seen["loop2"]  # noted at the looks while it looped in Python
+    assert seen["loop2"] < seen["block1"] == seen["block2"]  # not once during the C call
+
+
+def test_a_process_with_a_gpu_device_open_uses_a_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The driver's /dev/nvidia* files stand in as a file the child holds open.
+    from elastic_hydra.hangs import watch
+
+    device = tmp_path / "nvidia0"
+    device.write_text("")
+    monkeypatch.setattr(watch, "GPU_DEVICES", str(tmp_path / "nvidia"))
+    code = "import sys; f = open(sys.argv[1]); print('open', flush=True); sys.stdin.read()"
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(device)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:  # fmt: skip
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        assert watch.uses_gpu(holder.pid)
+        assert not watch.uses_gpu(os.getpid())
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert not watch.uses_gpu(holder.pid)  # gone
+
+
+def test_a_faulthandler_dump_reads_as_threads() -> None:
+    threads = parse_threads(DUMP)
+    assert [t.thread_id for t in threads] == [0x7F00000000AA, 0x7F0000000001]
+    main = threads[1]
+    assert [f.name for f in main.frames] == ["<module>", "step", "wrapper", "all_reduce"]
+    user, call = verdict.locate(main.frames)
+    assert user is not None and (user.filename, user.lineno) == ("/home/u/train.py", 42)
+    assert call is not None
+    assert verdict.library_call(call) == "torch.distributed.distributed_c10d.all_reduce"
+
+
+def test_py_spy_output_reads_as_threads_main_first() -> None:
+    threads = verdict.parse_py_spy(PY_SPY)
+    assert [t.thread_id for t in threads] == [4242, 4250]
+    assert [(f.filename, f.lineno) for f in threads[0].frames] == [
+        ("train.py", 12),
+        ("data.py", 88),
+    ]
+
+
+def rank(r: int, **kw: Any) -> HangRank:
+    return HangRank(rank=r, local_rank=r, pid=100 + r, **{"state": RankState.DUMPED, **kw})
+
+
+def test_the_verdict_leads_with_the_odd_group_out() -> None:
+    waiting = {"file": "/u/train.py", "line": 42, "call": "torch.distributed.all_reduce"}
+    ranks = [rank(0, **waiting), rank(1, **waiting), rank(3, **waiting),
+             rank(2, file="/u/data.py", line=88, code="time.sleep(60)")]  # fmt: skip
+    text, odd = verdict.verdict(ranks, 120.4)
+    assert odd == {2}
+    assert text == (
+        "hang after 120 s without progress: rank 2 at data.py:88 (time.sleep(60)) (stuck here); "
+        "ranks 0,1,3 in torch.distributed.all_reduce called from train.py:42"
+    )
+
+
+def test_ranks_all_in_one_place_have_no_odd_one_and_states_are_named() -> None:
+    text, odd = verdict.verdict(
+        [rank(0, file="/u/t.py", line=3), rank(1, file="/u/t.py", line=3)], 5
+    )
+    assert odd == frozenset() and "(stuck here)" not in text and "ranks 0,1 at t.py:3" in text
+    text, odd = verdict.verdict([rank(0, state=RankState.STOPPED), rank(1, file="/u/t.py", line=3),
+                               rank(2, file="/u/t.py", line=3)], 5)  # fmt: skip
+    assert odd == {0} and text.endswith("rank 0 stopped (stuck here); ranks 1,2 at t.py:3")
+
+
+# ----------------------------------------------------------------------------- real launches
+def launch(
+    tmp_path: Path, *overrides: str, script_args: tuple[str, ...] = ()
+) -> tuple[int, str, dict[str, Any], Path]:
+    """A launch to its end: exit code, stderr, summary.json and the run dir."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    logs = tmp_path / "logs"
+    common = ("hang.warmup=0", "logs.quiet=true", "stop_grace=3", f"logs.root={logs}")
+    proc = run(
+        *common, *overrides, "--", *script_args, cwd=tmp_path, env={"OUT_DIR": str(out)}, timeout=90
+    )
+    run_dir = next(logs.rglob("summary.json")).parent
+    return proc.returncode, proc.stderr, json.loads((run_dir / "summary.json").read_text()), run_dir
+
+
+def hang_events(run_dir: Path) -> list[Hang]:
+    return [e for e in read_events(run_dir) if isinstance(e, Hang)]
+
+
+GLOO = f"script={WORKERS / 'hang_gloo.py'}"
+
+
+@pytest.mark.parametrize("action", ["fail", "restart", "report"])
+def test_a_rank_late_for_all_reduce_is_named_within_the_timeout(
+    tmp_path: Path, action: str
+) -> None:
+    # Rank 2 sleeps 25 s before the all_reduce in the first attempt: "fail" ends the job,
+    # "restart" runs it again (and the late rank is on time), "report" waits for it.
+    seconds = "8" if action == "report" else "25"
+    code, stderr, summary, run_dir = launch(
+        tmp_path, GLOO, "nproc_per_node=3", "hang.timeout=2", f"hang.action={action}",
+        "restart.max_restarts=1", script_args=("2", seconds, "1"),
+    )  # fmt: skip
+    assert code == (1 if action == "fail" else 0), stderr
+    hang = summary["hang"]
+    assert hang["verdict"].startswith("hang after ")
+    assert "rank 2 at hang_gloo.py:26 (time.sleep(seconds)) (stuck here)" in hang["verdict"]
+    assert "ranks 0,1 in torch.distributed.distributed_c10d.all_reduce called from " \
+           "hang_gloo.py:36" in hang["verdict"]  # fmt: skip
+    assert [r["odd"] for r in hang["ranks"]] == [False, False, True]
+    main = next(t for t in hang["ranks"][2]["threads"] if t["main"])
+    assert main["frames"][-1]["name"] == "load_batch"
+    # Every rank's stacks were written before any signal stopped it, in the attempt's dir.
+    for local_rank in range(3):
+        assert (
+            "most recent call first" in (run_dir / f"attempt_0/{local_rank}/stacks.txt").read_text()
+        )
+    onset = float((tmp_path / "out" / "stuck_at").read_text())
+    (event,) = hang_events(run_dir)
+    assert event.wall_time - onset <= 2 + 5, "the verdict came later than hang.timeout + 5 s"
+    assert summary["attempts"] == (2 if action == "restart" else 1)
+    if action == "fail":
+        assert summary["message"] == hang["verdict"]
+        assert hang["verdict"] in stderr  # the closing report leads with it
+    shown = run("report", str(run_dir), cwd=tmp_path)  # later, from the files
+    assert (
+        hang["verdict"] in shown.stdout and 'hang_gloo.py", line 26, in load_batch' in shown.stdout
+    )
+
+
+def probe(
+    tmp_path: Path, *modes: str, extra: tuple[str, ...] = ()
+) -> tuple[int, str, dict[str, Any], Path]:
+    return launch(
+        tmp_path, f"script={WORKERS / 'hang_probe.py'}", f"nproc_per_node={len(modes)}",
+        "hang.timeout=1", "hang.action=fail", *extra, script_args=modes,
+    )  # fmt: skip
+
+
+def test_a_rank_holding_the_gil_in_a_c_call_is_still_dumped(tmp_path: Path) -> None:
+    code, _, summary, _ = probe(tmp_path, "wait", "gil")
+    assert code == 1
+    ranks = summary["hang"]["ranks"]
+    assert [r["state"] for r in ranks] == ["dumped", "dumped"]
+    assert ranks[1]["code"] == "ctypes.PyDLL(None).sleep(600)"
+    assert ranks[0]["code"] == "os.read(read_end, 1)"
+
+
+def test_a_stopped_rank_is_named_as_stopped(tmp_path: Path) -> None:
+    code, _, summary, _ = probe(tmp_path, "sleep", "stop", "sleep")
+    assert code == 1
+    assert "rank 1 stopped (stuck here); ranks 0,2 at hang_probe.py" in summary["hang"]["verdict"]
+
+
+def test_a_rank_without_the_bootstrap_is_named(tmp_path: Path) -> None:
+    code, _, summary, _ = probe(tmp_path, "sleep", "sleep", extra=("bootstrap=false",))
+    assert code == 1
+    states = {r["state"] for r in summary["hang"]["ranks"]}
+    assert states <= {"no_dump", "dumped"}  # dumped only where py-spy is installed
+
+
+def test_computing_for_three_times_the_timeout_is_never_a_hang(tmp_path: Path) -> None:
+    code, stderr, summary, run_dir = probe(tmp_path, "compute:3", "cmp-c:3")
+    assert code == 0, stderr
+    assert summary["hang"] is None and hang_events(run_dir) == []
+
+
+def test_warmup_holds_the_verdict_back(tmp_path: Path) -> None:
+    started = time.time()
+    code, _, _, run_dir = probe(tmp_path, "wait", extra=("hang.warmup=3",))
+    assert code == 1
+    (event,) = hang_events(run_dir)
+    workers = next(e for e in read_events(run_dir) if isinstance(e, WorkersStarted))
+    assert event.wall_time - workers.wall_time >= 3.0
+    assert time.time() - started < 30
+
+
+def test_hang_keys_are_checked() -> None:
+    from tests.harness import plan_of
+
+    with pytest.raises(Exception, match=r"hang\.action: not a hang action"):
+        plan_of(f"script={WORKERS / 'hang_probe.py'}", "hang.action=kill")
+    assert plan_of(f"script={WORKERS / 'hang_probe.py'}", "hang.timeout=null").hang.timeout is None
+    assert sys.executable
+
+
+def test_stacks_shows_a_live_jobs_ranks_grouped_without_stopping_them(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = tmp_path / "eh_logs"
+    script = f"script={WORKERS / 'hang_probe.py'}"
+    args = (script, "nproc_per_node=3", "logs.quiet=true", f"logs.root={logs}", "--")
+    with started(*args, "wait", "wait", "sleep", cwd=tmp_path, env={"OUT_DIR": str(out)}) as job:
+        wait_for(lambda: len(list(out.glob("*.ready"))) == 3, 30, "three ranks to start")
+        shown = run("stacks", cwd=tmp_path)  # no directory: the running job under ./eh_logs
+        again = run("stacks", str(next(logs.rglob("events.jsonl")).parent), cwd=tmp_path)
+        assert job.poll() is None  # asked twice, still running
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].endswith("attempt 0, 3 rank(s)")
+    assert "rank 2 at hang_probe.py:" in shown.stdout and "(time.sleep(600))" in shown.stdout
+    assert (
+        "ranks 0,1 at hang_probe.py:" in shown.stdout and "(os.read(read_end, 1))" in shown.stdout
+    )
+    assert shown.stdout.index("rank 2 at") < shown.stdout.index("ranks 0,1 at")  # odd one first
+    assert "in main" in shown.stdout and "bootstrap.py" not in shown.stdout
+    assert again.returncode == 0 and again.stdout.count("hang_probe.py:") >= 2
+
+
+def test_two_nodes_both_name_the_stuck_rank_on_the_other_node(tmp_path: Path) -> None:
+    # One worker per node over c10d: global rank 1 sleeps before the all_reduce, on whichever
+    # node it is; rank 0's node finds no progress on any rank of the job and names rank 1 too.
+    with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+        for n in range(2):
+            overrides = ("nnodes=2", "nproc_per_node=1", "hang.timeout=2", "hang.warmup=0",
+                         "hang.action=fail", "stop_grace=3", *FAST)  # fmt: skip
+            root = f"logs.root={j.tmp / f'agent{n}'}"
+            script = WORKERS / "hang_gloo.py"
+            j.start(argv=[*j.command(*overrides, root, script=script), "--", "1", "30"])
+        codes = j.finish(120)
+    assert codes == [1, 1], j.explain()
+    verdicts = [a.summary()["hang"]["verdict"] for a in j.agents]
+    for text in verdicts:
+        assert "rank 1 at hang_gloo.py:26 (time.sleep(seconds)) (stuck here)" in text, text
+        assert "rank 0 in torch.distributed.distributed_c10d.all_reduce" in text, text
+    ranks = [[r["rank"] for r in a.summary()["hang"]["ranks"]] for a in j.agents]
+    assert ranks == [[0, 1], [0, 1]]
+
+
+class FlakyStore:
+    """An in-memory store whose first `failures` reads raise, as a loaded TCPStore may."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.data: dict[str, bytes] = {}
+        self.failures = failures
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def check(self, keys: list[str]) -> bool:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("Socket Timeout")
+        return all(k in self.data for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(value).encode()
+        return value
+
+
+def hang_of(*ranks: HangRank) -> HangRecord:
+    return HangRecord(verdict="", idle_s=3.0, timeout_s=2.0, action=HangAction.FAIL, attempt=0,
+                      time=0.0, ranks=ranks)  # fmt: skip
+
+
+def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
+    store = FlakyStore(failures=2)  # the other node's ranks are asked for again, not dropped
+    other = json.dumps([rank(1, file="/u/data.py", line=88, code="time.sleep(60)").to_json()])
+    store.set("elastic_hydra/r/hang/ranks/0/1/1", other)
+    store.add("elastic_hydra/r/hang/read/0/1", 1)  # the other node has read every node's ranks
+    mine = hang_of(rank(0, file="/u/t.py", line=3, call="torch.distributed.all_reduce"))
+    shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
+                                   stopped=lambda: False)  # fmt: skip
+    assert [r.rank for r in shared.ranks] == [0, 1] and [r.odd for r in shared.ranks] == [
+        False,
+        True,
+    ]
+    assert shared.verdict.startswith("hang after 3 s without progress: rank 1 at data.py:88")
+
+
+def test_a_node_whose_ranks_do_not_read_is_named_as_missing() -> None:
+    store = FlakyStore()
+    store.set("elastic_hydra/r/hang/ranks/0/1/1", '[{"rank": "zero"}]')  # untrusted, malformed
+    store.add("elastic_hydra/r/hang/read/0/1", 1)
+    mine = hang_of(rank(0, file="/u/t.py", line=3))
+    shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
+                                   stopped=lambda: False)  # fmt: skip
+    assert [r.rank for r in shared.ranks] == [0]
+    assert shared.verdict.endswith("(1 node(s) did not say where their ranks are)")
+
+
+class SharedStore(FlakyStore):
+    """One store for two nodes' threads; it dies with its host (`dead`), as an agent's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.dead = False
+        self.checked = threading.Event()  # some node looked for a key that was not there
+
+    def set(self, key: str, value: str | bytes) -> None:
+        with self.lock:
+            self._alive()
+            super().set(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        with self.lock:
+            self._alive()
+            there = super().check(keys)
+            if not there:
+                self.checked.set()
+            return there
+
+    def get(self, key: str) -> bytes:
+        with self.lock:
+            self._alive()
+            return super().get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        with self.lock:
+            self._alive()
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            return value
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise RuntimeError("Connection reset by peer")
+
+
+def test_the_node_hosting_the_store_waits_until_the_other_has_read_its_ranks() -> None:
+    # Node 0 publishes and finds node 1's ranks missing; node 1 publishes, finds node 0's at
+    # once, and its agent, which hosts the store, ends. Node 0 still reads node 1's ranks.
+    store = SharedStore()
+    results: dict[int, HangRecord] = {}
+
+    def share_of(node: int) -> None:
+        mine = hang_of(rank(node, file="/u/t.py", line=3 + node))
+        results[node] = share.share_hang(store, "r", key="0/1", node=node, nodes=2,
+                                              record=mine, stopped=lambda: False)  # fmt: skip
+
+    first = threading.Thread(target=share_of, args=(0,))
+    first.start()
+    assert store.checked.wait(10)  # node 0 looked once, too early
+    share_of(1)
+    store.dead = True  # node 1's agent ended, with the store
+    first.join(20)
+    assert [r.rank for r in results[0].ranks] == [0, 1], results[0].verdict
+    assert [r.rank for r in results[1].ranks] == [0, 1], results[1].verdict
+
+
+def test_no_node_may_claim_progress_in_the_future() -> None:
+    store = FlakyStore()
+    share.publish_progress(store, "r", 0, 0, 100.0)
+    share.publish_progress(store, "r", 0, 1, 1e12)  # forged
+    store.set("elastic_hydra/r/hang/progress/0/2", "not a time")
+    assert share.latest_progress(store, "r", 0, 3, now=200.0) == 200.0
+    assert share.latest_progress(store, "r", 0, 1, now=200.0) == 100.0

@@ -1,0 +1,292 @@
+"""Hardening of the front end: no user directory deleted, private run dirs, no secret on disk,
+the world's faults and hostile input each as one line (never exit 70), nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastic_hydra.rundir import RunDir
+from tests.conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
+from tests.harness import run
+
+TIMEOUT = 60
+BASE = "defaults: [elastic_hydra_base, _self_]\nscript: x.py\n"
+
+
+def tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("elastic-hydra: error: "), line
+    return line
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "x.py").write_text("print('hello')\n")
+    return tmp_path
+
+
+# ------------------------------------------------------------------------------------ data loss
+def test_a_config_error_never_removes_the_working_directory_or_its_parents(work: Path) -> None:
+    empty = work / "proj" / "empty"
+    empty.mkdir(parents=True)  # proj/ holds nothing but the empty working directory
+    proc = run("script=../../x.py", "nnodes=0", cwd=empty)
+    assert "nnodes" in one_error_line(proc)
+    assert empty.is_dir() and (work / "proj").is_dir()
+
+
+def test_a_config_error_keeps_a_pre_created_logs_root_parent(work: Path) -> None:
+    (work / "keep" / "runs").mkdir(parents=True)
+    proc = run("script=x.py", f"logs.root={work}/keep/runs/exp1", "nproc_per_node=0", cwd=work)
+    assert "nproc_per_node" in one_error_line(proc)
+    assert (work / "keep" / "runs").is_dir()
+    assert not (work / "keep" / "runs" / "exp1").exists()
+
+
+@pytest.mark.parametrize(
+    ("job", "args"),
+    [
+        (BASE, ["nnodes=0"]),
+        (BASE, ["stop_grace=nan"]),
+        ("script: x.py\n", []),  # no elastic_hydra_base: Hydra's own outputs/ must not appear
+        (BASE + "nproc_per_nod: 2\n", []),
+    ],
+)
+def test_a_failed_launch_leaves_the_tree_as_it_found_it(
+    work: Path, job: str, args: list[str]
+) -> None:
+    (work / "job.yaml").write_text(job)
+    before = tree(work)
+    proc = run("job.yaml", *args, cwd=work)
+    assert proc.returncode == 2, proc.stderr
+    assert tree(work) == before
+
+
+def test_discard_removes_only_what_the_launch_made_and_never_above_logs_root(
+    tmp_path: Path,
+) -> None:
+    logs = tmp_path / "a" / "b" / "logs"
+    run = RunDir.create(logs / "day" / "run", logs_root=logs)
+    assert run.created == (tmp_path / "a", tmp_path / "a" / "b", logs, logs / "day", run.root)
+    (run.root / "plan.json").write_text("{}")
+    run.discard()
+    assert not logs.exists()
+    assert (tmp_path / "a" / "b").is_dir()  # made by this launch, but above logs.root
+
+    keep = RunDir.create(logs / "day" / "run", logs_root=logs)
+    (logs / "day" / "users_notes.txt").write_text("mine")
+    (keep.root / "users_file").write_text("mine too")
+    keep.discard()
+    assert (keep.root / "users_file").read_text() == "mine too"
+    assert (logs / "day" / "users_notes.txt").exists()
+
+
+def test_discard_of_an_existing_directory_removes_nothing_of_the_users(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    run = RunDir.create(tmp_path / "mine", logs_root=tmp_path)
+    assert run.created == ()
+    run.discard()
+    assert (tmp_path / "mine").is_dir()
+
+
+# ------------------------------------------------------------------------ privacy and secrets
+def test_run_dirs_are_private_and_no_secret_value_reaches_a_file(work: Path) -> None:
+    (work / "job.yaml").write_text(BASE + "env:\n  DB_PASSWORD: hunter2-in-yaml\n")
+    proc = run(
+        "job.yaml",
+        "env.WANDB_API_KEY=s3cr3t-wandb",
+        "+hp.hf_token=s3cr3t-hf",
+        cwd=work,
+        env={"OPENAI_API_KEY": "s3cr3t-inherited"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = (work / "eh_logs").glob("*/*")
+    files = [p for p in (work / "eh_logs").rglob("*") if p.is_file()]
+    names = {str(p.relative_to(run_dir)) for p in files}
+    assert {"plan.json", "config.yaml", "summary.json", "result.json", "events.jsonl"} <= names
+    assert {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"} <= names
+    for path in files:
+        text = path.read_text()
+        for secret in ("s3cr3t", "hunter2"):
+            assert secret not in text, f"{secret} in {path}"
+    dirs = [work / "eh_logs", *(p for p in (work / "eh_logs").rglob("*") if p.is_dir())]
+    for d in dirs:
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert ["WANDB_API_KEY", "<redacted>"] in plan["env"]
+
+
+def test_an_inherited_secret_reaches_the_worker_and_no_file(work: Path) -> None:
+    out = work / "dump"
+    proc = run(
+        f"script={WORKERS / 'dump_env.py'}", "--", str(out), cwd=work, env={"HF_TOKEN": "tok-777"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    (dump,) = out.glob("env_*.json")
+    assert json.loads(dump.read_text())["env"]["HF_TOKEN"] == "tok-777"
+    for path in (work / "eh_logs").rglob("*"):
+        assert not path.is_file() or "tok-777" not in path.read_text(), path
+
+
+# --------------------------------------------------------------------------- the world's faults
+def test_a_logs_root_that_cannot_be_made_is_one_line_before_anything_starts(work: Path) -> None:
+    line = one_error_line(run("script=x.py", "logs.root=/etc/passwd/x", cwd=work))
+    assert "logs.root" in line and "Not a directory" in line
+    assert "hello" not in line
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_an_empty_logs_root_is_one_line_and_nothing_lands_in_the_root_dir(
+    work: Path, sweep: bool
+) -> None:
+    # `${logs.root}/<date>/...` with an empty root is a path under /: run or sweep dir alike.
+    before = set(Path("/").iterdir())
+    line = one_error_line(run(*(["-m"] if sweep else []), "script=x.py", "logs.root=", cwd=work))
+    assert line == (
+        "elastic-hydra: error: logs.root: is empty (got ''); expected a directory, e.g. "
+        "logs.root=eh_logs."
+    )
+    assert set(Path("/").iterdir()) == before
+    assert tree(work) == {"x.py"}
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    with tmpfs(tmp_path / "ro", "size=1m,ro") as ro:
+        yield ro
+
+
+def test_a_read_only_logs_root_is_one_line(work: Path, read_only_dir: Path) -> None:
+    line = one_error_line(run("script=x.py", f"logs.root={read_only_dir}/runs", cwd=work))
+    assert "logs.root" in line and "Read-only file system" in line
+
+
+def test_a_run_dir_removed_mid_run_keeps_the_jobs_exit_code(work: Path) -> None:
+    go = work / "go"
+    proc = subprocess.Popen(
+        [*ELASTIC_HYDRA, f"script={WORKERS / 'wait_file.py'}", "--", "tok", str(go)],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def started() -> bool:
+            return any(
+                "tok rank 0" in p.read_text() for p in (work / "eh_logs").rglob("stdout.log")
+            )
+
+        wait_for(started, 20, "the worker's first line")
+        shutil.rmtree(work / "eh_logs")
+        go.touch()
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert "warning: cannot write" in err and "summary follows" in err
+    assert '"status": "succeeded"' in err  # the summary, on stderr instead
+    assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "override",
+    [
+        "stop_grace=nan",
+        "stop_grace=inf",
+        "rdzv.join_timeout=nan",
+        "rdzv.join_timeout=inf",
+        "restart.backoff.initial=inf",
+        "restart.backoff.jitter=nan",
+        "monitor_interval=-inf",
+    ],
+)
+def test_every_float_key_refuses_nan_and_infinity(work: Path, override: str) -> None:
+    line = one_error_line(run("script=x.py", override, "--plan", cwd=work))
+    assert f"{override.split('=', maxsplit=1)[0]}: is not a finite number" in line
+
+
+def test_a_huge_worker_count_is_refused_before_any_fork(work: Path) -> None:
+    line = one_error_line(run("script=x.py", "nproc_per_node=100000", cwd=work))
+    assert "nproc_per_node: more than 1024 workers" in line
+    assert not (work / "eh_logs").exists()
+
+
+def test_the_worker_count_is_checked_against_the_process_limit() -> None:
+    from elastic_hydra.errors import ConfigError
+    from elastic_hydra.resolve.resolver import Host, _check_process_room
+
+    host = Host(cwd="/", environ={}, machine=None, process_room=lambda: 12)  # type: ignore[arg-type]
+    _check_process_room(12, 12, host)
+    with pytest.raises(ConfigError, match="can start only 12 more processes"):
+        _check_process_room(13, 13, host)
+
+
+def test_a_billion_laughs_job_file_fails_at_once(work: Path) -> None:
+    lines = [BASE.rstrip(), "hp:", '  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"  {name}: &{name} [{', '.join([f'*{prev}'] * 9)}]")
+    (work / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    assert (work / "bomb.yaml").stat().st_size < 1000
+    started = time.monotonic()
+    line = one_error_line(run("bomb.yaml", cwd=work))
+    assert time.monotonic() - started < 20
+    assert "YAML nodes through its aliases" in line
+
+
+def test_a_job_file_that_is_not_utf8_is_one_line(work: Path) -> None:
+    (work / "bad.yaml").write_bytes(BASE.encode() + b"env:\n  A: '\xff\xfe'\n")
+    line = one_error_line(run("bad.yaml", cwd=work))
+    assert "not UTF-8" in line and "0xff" in line
+
+
+@pytest.mark.parametrize(
+    ("yaml_line", "key"),
+    [
+        ('role: "a\\nb"', "role"),
+        ('role: "\\e]0;owned\\a"', "role"),
+        (f"role: {'r' * 65}", "role"),
+        ('logs:\n  prefix: "\\e[2J{rank}"', "logs.prefix"),
+        ('logs:\n  prefix: "{role.__class__}"', "logs.prefix"),
+        ('logs:\n  prefix: "{rank[0]}"', "logs.prefix"),
+        ('logs:\n  prefix: "{rank:>100000}"', "logs.prefix"),
+        ('logs:\n  prefix: "{rank!r}"', "logs.prefix"),
+        ('logs:\n  prefix: "{}"', "logs.prefix"),
+    ],
+)
+def test_role_and_prefix_refuse_escapes_attributes_and_huge_widths(
+    work: Path, yaml_line: str, key: str
+) -> None:
+    (work / "job.yaml").write_text(BASE + yaml_line + "\n")
+    line = one_error_line(run("job.yaml", "--plan", cwd=work))
+    assert line.startswith(f"elastic-hydra: error: {key}: "), line
+    assert "\x1b" not in line and "\x07" not in line
+
+
+def test_a_reasonable_prefix_and_role_still_work(work: Path) -> None:
+    proc = run("script=x.py", "role=trainer-1.a", "logs.prefix='<{role}:{rank:>3}> '", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert "<trainer-1.a:  0> hello" in proc.stdout
+
+
+def test_nothing_here_exits_70(work: Path) -> None:
+    """The launcher's own crash code is for bugs: none of the cases above may produce it."""
+    for args in (["logs.root=/proc/none/x"], ["stop_grace=nan"], ["nproc_per_node=5000"]):
+        proc = run("script=x.py", *args, cwd=work)
+        assert proc.returncode == 2 and "internal error" not in proc.stderr, (args, proc.stderr)

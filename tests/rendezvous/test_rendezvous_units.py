@@ -1,0 +1,362 @@
+"""Pure pieces of the multi-node path: torchrun's rank assignment and the job-wide root cause."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from elastic_hydra.agent.outcome import root_cause
+from elastic_hydra.agent.seams import ChangeKind
+from elastic_hydra.errors import STORE_ERRORS
+from elastic_hydra.hangs import share
+from elastic_hydra.plan import DynamicBackend
+from elastic_hydra.records import (
+    FailureRecord,
+    PeerChange,
+    PeerFailure,
+    RunStatus,
+    RunSummary,
+    WorkerExit,
+    job_root_cause,
+    lost_a_peer,
+)
+from elastic_hydra.rendezvous.store_keys import (
+    ASSIGNED_RANKS,
+    NODE_FACTS,
+    ROLE_INFO,
+    NodeFacts,
+    config_mismatch,
+    exit_barrier,
+    node_ranks,
+    ordered_rank,
+    publish_facts,
+    publish_failure,
+    rank_table,
+    read_facts,
+    read_failures,
+)
+from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
+from elastic_hydra.rendezvous.torch_handler import guarded, reason
+from tests.agent.test_executor import FakeStop, make_plan
+
+
+def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
+    infos: list[Mapping[str, Any]] = [
+        {"role": "default", "rank": i, "local_world_size": n} for i, n in enumerate([2, 4, 1])
+    ]
+    assert rank_table(infos) == [[0, 7, 0, 7], [2, 7, 2, 7], [6, 7, 6, 7]]
+
+
+class DictStore:
+    """The part of a torch Store that the node facts use, on a dict."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.data[k] for k in keys]
+
+
+def test_slurm_node_order_ranks_the_nodes_not_torchs_order() -> None:
+    # torch ranked the nodes 0, 1, 2 by host name and pid; Slurm numbers them 2, 0, 1.
+    store = DictStore()
+    for rank, order in enumerate([2, 0, 1]):
+        publish_facts(store, rank, NodeFacts("ab12", order))
+    facts = read_facts(store, 3, wait=True)
+    assert [ordered_rank(facts, rank) for rank in range(3)] == [2, 0, 1]
+    assert config_mismatch(facts, 0) is None
+
+
+def test_nodes_that_resolved_different_configs_are_found_and_torchrun_agents_are_skipped() -> None:
+    store = DictStore()
+    publish_facts(store, 0, NodeFacts("aaaa", None))
+    publish_facts(store, 2, NodeFacts("bbbb", None))  # node 1 is a torchrun agent: no facts
+    facts = read_facts(store, 3, wait=False)
+    assert sorted(facts) == [0, 2]
+    assert (config_mismatch(facts, 0), config_mismatch(facts, 2)) == (2, 0)
+    assert [ordered_rank(facts, r) for r in (0, 2)] == [0, 1]  # no node order: torch's
+
+
+@pytest.mark.parametrize(
+    ("forged", "message"),
+    [
+        (b"not json", "node 1 published unreadable facts"),
+        (b'{"config": "ab"}', "node 1 published unreadable facts"),
+        (b'{"config": "../x", "order": 0}', "node 1 published '../x' as its config hash"),
+        (b'{"config": "ab", "order": -1}', "node 1 published '-1' as its node order"),
+        (b'{"config": "ab", "order": true}', "node 1 published 'True' as its node order"),
+        (b'{"config": "ab", "order": 1e99}', "as its node order"),
+        (b"\xff" * 10_000, "node 1 published unreadable facts"),
+    ],
+)
+def test_forged_node_facts_are_refused(forged: bytes, message: str) -> None:
+    store = DictStore()
+    publish_facts(store, 0, NodeFacts("ab", 0))
+    store.set(f"{NODE_FACTS}1", forged)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_facts(store, 2, wait=True)
+
+
+def test_role_ranks_count_within_each_role_as_torchrun_does() -> None:
+    infos: list[Mapping[str, Any]] = [
+        {"role": "trainer", "rank": 0, "local_world_size": 2},
+        {"role": "reader", "rank": 1, "local_world_size": 3},
+        {"role": "trainer", "rank": 2, "local_world_size": 2},
+    ]
+    # [base global rank, world size, base role rank, role world size]
+    assert rank_table(infos) == [[0, 7, 0, 4], [2, 7, 0, 3], [5, 7, 2, 4]]
+
+
+def record(rank: int, time: float, rdzv_round: int | None = 0, **extra: Any) -> FailureRecord:
+    fields = {"local_rank": 0, "pid": 1, "attempt": 0, "returncode": 1, **extra}
+    return FailureRecord(rank=rank, time=time, rdzv_round=rdzv_round, host="h", **fields)
+
+
+def test_the_job_root_cause_is_the_earliest_real_failure_of_the_last_failing_round() -> None:
+    records = [
+        record(5, 10.0, terminated_by_launcher=True),  # stopped by its launcher: never blamed
+        record(3, 11.0),
+        record(1, 12.5),  # a collective error on another node, after rank 3 died
+        record(0, 30.0, rdzv_round=1, terminated_by_launcher=True),
+        record(6, 31.0, rdzv_round=1),
+        record(2, 32.0, rdzv_round=1),
+    ]
+    cause = job_root_cause(records[:3])
+    assert cause is not None and cause.rank == 3
+    latest = job_root_cause(records)
+    assert latest is not None and latest.rank == 6  # the round that ended the job
+
+
+def test_no_real_failure_means_no_job_root_cause() -> None:
+    assert job_root_cause([]) is None
+    assert job_root_cause([record(1, 1.0, terminated_by_launcher=True)]) is None
+
+
+def test_one_rule_for_the_root_cause_here_and_job_wide_ties_go_to_the_lower_rank() -> None:
+    # Two ranks failing in the same millisecond: this node's outcome and the job-wide summary
+    # named different ranks before (by rank here, by list order there); one rule now.
+    tied = [record(4, 5.0, rdzv_round=None), record(2, 5.0, rdzv_round=None)]
+    local = job_root_cause(tied)
+    exits = [
+        WorkerExit(local_rank=r.rank, rank=r.rank, pid=r.rank, returncode=1, wall_time=5.0,
+                   mono_time=5.0, attempt=0)
+        for r in tied
+    ]  # fmt: skip
+    on_node = root_cause(exits)
+    job_wide = job_root_cause([record(4, 5.0), record(2, 5.0)])
+    assert local is not None and on_node is not None and job_wide is not None
+    assert local.rank == on_node.rank == job_wide.rank == 2
+
+
+def test_a_failure_record_from_the_store_is_checked_field_by_field() -> None:
+    good = record(3, 1.5).to_json()
+    assert FailureRecord.from_json(good) == record(3, 1.5)
+    for field, bad in [("rank", "3"), ("time", "soon"), ("terminated_by_launcher", 1),
+                       ("traceback", "not a list"), ("stderr_tail", [1, 2])]:  # fmt: skip
+        with pytest.raises(ValueError, match=rf"FailureRecord\.{field}"):
+            FailureRecord.from_json({**good, field: bad})
+    with pytest.raises(ValueError, match=r"FailureRecord\.pid: missing"):
+        FailureRecord.from_json({k: v for k, v in good.items() if k != "pid"})
+
+
+# ------------------------------------------------------------------------ torchrun nodes of a job
+def test_a_torchrun_nodes_ranks_are_read_from_its_rank_assignment_untrusted() -> None:
+    store = DictStore()
+    nodes = {0: (2, [0, 5]), 1: (3, [2, 5]), 2: (1, [5, 6]), 3: (1, ["x", 5]), 4: (-1, [6, 6])}
+    for node, (size, assigned) in nodes.items():
+        store.set(f"{ROLE_INFO}{node}", json.dumps({"role": "r", "local_world_size": size}))
+        store.set(f"{ASSIGNED_RANKS}{node}", json.dumps(assigned))
+    store.set(f"{ROLE_INFO}5", b"\x80 not json")
+    store.set(f"{ASSIGNED_RANKS}5", b"[0]")
+    # 3 and 4 hold nonsense, 5 is not JSON, 6 has no keys: nothing said of them
+    assert node_ranks(store, range(7)) == {0: "0-1", 1: "2-4", 2: "5"}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+        "peer [127.0.0.1]:1961. This is typically caused by a remote worker crashing.",
+        "RuntimeError: [pair.cc:534] Read error [10.0.0.2]:41273: Connection reset by peer",
+        "torch.distributed.DistNetworkError: failed to recv, got 0 bytes",
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote "
+        "process exited or there was a network error, NCCL version 2.21.5\nncclRemoteError: A "
+        "call failed possibly due to a network error or a remote process exiting prematurely.",
+        "RuntimeError: [pair.cc:598] Write error: Broken pipe",
+    ],
+)
+def test_errors_of_a_lost_peer_are_told_apart(error: str) -> None:
+    assert lost_a_peer(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "ValueError: boom from rank 0",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+        "",
+        "ConnectionResetError: [Errno 104] Connection reset by peer",  # a download, say
+        "BrokenPipeError: [Errno 32] Broken pipe",
+        # Timeouts: every rank of a hang raises them, whoever is at fault.
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:446] Application timeout "
+        "caused pair closure",
+        "torch.distributed.DistBackendError: [Rank 1] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE) ran for 600000 milliseconds before timing "
+        "out.\nNCCL communicator was aborted on rank 1.",
+    ],
+)
+def test_a_ranks_own_fault_is_not_a_lost_peer(error: str) -> None:
+    assert not lost_a_peer(error)
+
+
+def test_a_torchrun_nodes_failure_reads_back_from_the_summary() -> None:
+    peer = PeerFailure(
+        node="10.0.0.1, pid 42", node_rank=0, ranks="0-7", what=PeerChange.RESTARTED,
+        rdzv_round=3, time=1.5,
+    )  # fmt: skip
+    assert peer.line() == (
+        "node 0 (torchrun agent on 10.0.0.1, pid 42; ranks 0-7) restarted its workers"
+    )
+    summary = RunSummary(status=RunStatus.FAILED, exit_code=1, peer_failures=(peer,))
+    assert RunSummary.from_json(json.loads(json.dumps(summary.to_json()))) == summary
+    with pytest.raises(ValueError, match=r"PeerFailure\.rdzv_round"):
+        PeerFailure.from_json({**peer.to_json(), "rdzv_round": "3"})
+    with pytest.raises(ValueError, match=r"PeerFailure\.what"):  # a store's word we do not know
+        PeerFailure.from_json({**peer.to_json(), "what": "vanished"})
+
+
+@dataclass(frozen=True, order=True)
+class Node:
+    addr: str
+    pid: int
+
+
+@dataclass
+class State:
+    participants: dict[Node, int]
+    wait_list: set[Node] = dataclasses.field(default_factory=set)
+    round: int = 0
+    closed: bool = False
+
+
+class FakeHandler:
+    """The parts of torch's dynamic handler that `TorchRendezvous.poll` reads."""
+
+    def __init__(self, state: State, this: Node) -> None:
+        self._state_holder = SimpleNamespace(state=state)
+        self._this_node = this
+
+    def num_nodes_waiting(self) -> int:
+        return len(self._state_holder.state.wait_list)
+
+
+A, B = Node("10.0.0.1", 11), Node("10.0.0.2", 22)
+
+
+def watching(state: State, monkeypatch: pytest.MonkeyPatch) -> tuple[TorchRendezvous, list[float]]:
+    """Node A's view of a round of A and B, B a torchrun agent; its clock in the list."""
+    rdzv = TorchRendezvous(make_plan(dynamic=True), SimpleNamespace(signum=None))
+    rdzv.handler = FakeHandler(state, A)
+    rdzv._members, rdzv._round, rdzv._torchrun = frozenset({A, B}), 0, {B: (1, "2-3")}
+    clock = [100.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    return rdzv, clock
+
+
+def test_a_member_between_leaving_the_round_and_waiting_again_has_not_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch's re-join is two store writes: out of the participants, then into the wait list.
+    state = State(participants={A: 0})
+    rdzv, clock = watching(state, monkeypatch)
+    assert rdzv.poll() is None  # B is missing: not gone yet
+    clock[0] += 0.5
+    assert rdzv.poll() is None  # the same (cached) read
+    clock[0] += 0.7
+    state.wait_list.add(B)
+    change = rdzv.poll()
+    assert change is not None and change.kind is ChangeKind.JOINED
+    assert change.reason == (
+        "node 1 (torchrun agent on 10.0.0.2, pid 22; ranks 2-3) restarted its workers: a new "
+        "round for every node"
+    )
+    assert [p.line() for p in change.peers] == [
+        "node 1 (torchrun agent on 10.0.0.2, pid 22; ranks 2-3) restarted its workers"
+    ]
+
+
+def test_a_member_missing_from_two_reads_has_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = State(participants={A: 0})
+    rdzv, clock = watching(state, monkeypatch)
+    assert rdzv.poll() is None
+    clock[0] += 1.2
+    change = rdzv.poll()
+    assert change is not None and change.kind is ChangeKind.LEFT and change.nodes == 1
+    assert [(p.node_rank, p.what) for p in change.peers] == [(1, "left the job")]
+    state.closed = True
+    closed = rdzv.poll()
+    assert closed is not None and closed.kind is ChangeKind.CLOSED
+    assert closed.reason.startswith("another node ended the job; if it is node 1 (torchrun")
+
+
+def test_a_node_name_from_the_shared_state_is_one_short_printable_word(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Any agent writes its own address into torch's state: it reaches our console and files.
+    evil = Node("\x1b]0;pwned\x07host\n" + "x" * 5000, 33)
+    state = State(participants={A: 0, evil: 1}, wait_list={evil})
+    rdzv, _clock = watching(state, monkeypatch)
+    rdzv._members, rdzv._torchrun = frozenset({A, evil}), {}
+    change = rdzv.poll()
+    assert change is not None and change.kind is ChangeKind.JOINED
+    assert change.reason.isprintable() and len(change.reason) < 200, change.reason
+    assert change.reason.startswith("?]0;pwned?host?xxx")
+
+
+class GoneEtcd:
+    """torch's EtcdStore after etcd went away: python-etcd's error, no builtin base."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise self.error("No more machines in the cluster")
+
+        return call
+
+
+def test_a_gone_etcd_store_fails_within_the_store_errors_and_loses_only_what_it_held() -> None:
+    etcd = pytest.importorskip("etcd")
+    store = guarded(GoneEtcd(etcd.EtcdConnectionFailed), DynamicBackend.ETCD_V2)
+    with pytest.raises(STORE_ERRORS) as caught:
+        store.set("key", "value")
+    assert isinstance(caught.value, ConnectionError)
+    assert reason(caught.value) == "No more machines in the cluster"  # torch's words, as before
+    share.publish_progress(store, "run", 0, 0, 1.0)  # lost, the job goes on
+    assert share.latest_progress(store, "run", 0, 2, now=5.0) is None
+    publish_failure(store, "run", record(0, 1.0), None)
+    assert read_failures(store, "run", secret=None, nodes=None, last_round=0).records == []
+    assert exit_barrier(store, 2, timeout=1.0, stop=FakeStop(),
+                        job_changed=lambda: False) is None  # fmt: skip
+    c10d = DictStore()
+    assert guarded(c10d, DynamicBackend.C10D) is c10d  # its errors are RuntimeError already
+
+
+def test_a_store_bug_is_not_taken_for_a_gone_store() -> None:
+    # Only the store's failures are swallowed: a mistake of ours still fails loudly.
+    with pytest.raises(AttributeError):
+        share.publish_progress(GoneEtcd(AttributeError), "run", 0, 0, 1.0)
