@@ -15,5 +15,5 @@ The folders, from the user down (each `__init__` says what it owns):
     sweeps/      the pool launcher's engine and its view
 
 The modules at the root are the shared words every folder may use: `errors`, `plan`,
-`records`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `slurm`.
+`records`, `jsonrecord`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `slurm`.
 """

@@ -13,22 +13,18 @@ so `from_json` checks every field it reads (ValueError naming the field).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import enum
 import re
 import signal
-import types
-import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from elastic_hydra.jsonrecord import JsonRecord
 from elastic_hydra.plan import HangAction
 from elastic_hydra.tracebacks import Stack
 
 T = TypeVar("T")
-R = TypeVar("R", bound="_Record")
 
 # Shells report a child killed by signal N as exit code 128+N.
 _SHELL_SIGNAL_BASE = 128
@@ -128,76 +124,6 @@ def root_cause_of(
     return min((i for i in real if group(i) == last), key=lambda i: (time(i), rank(i)))
 
 
-# --------------------------------------------------------------------------------------- records
-class _Record:
-    """to_json/from_json for the frozen dataclasses below; from_json checks each field's type.
-    Derived fields (init=False) are written, and recomputed on reading rather than read."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-
-    @classmethod
-    def from_json(cls: type[R], data: object) -> R:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-        hints = typing.get_type_hints(cls)
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if not f.init:
-                continue
-            if f.name in data:
-                values[f.name] = _checked(f"{cls.__name__}.{f.name}", data[f.name], hints[f.name])
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{cls.__name__}.{f.name}: missing")
-        return cls(**values)
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, _Record | Stack):
-        return value.to_json()
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple | list):
-        return [_to_json(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
-
-
-def _checked(name: str, value: Any, kind: Any) -> Any:
-    """`value` as a `kind` (a JSON-like type hint), or ValueError naming the field."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin in (typing.Union, types.UnionType):
-        for option in args:
-            try:
-                return _checked(name, value, option)
-            except ValueError:
-                continue
-        raise ValueError(f"{name}: unexpected {type(value).__name__} {value!r:.60}")
-    if kind is type(None):
-        if value is None:
-            return None
-    elif isinstance(kind, type) and issubclass(kind, _Record | Stack):
-        try:
-            return kind.from_json(value)
-        except ValueError as exc:
-            raise ValueError(f"{name}: {exc}") from None
-    elif isinstance(kind, type) and issubclass(kind, enum.StrEnum) and isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return kind(value)
-    elif origin is tuple and isinstance(value, list):
-        return tuple(_checked(f"{name}[{i}]", v, args[0]) for i, v in enumerate(value))
-    elif kind is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    elif (
-        (kind in (int, str, bool) and type(value) is kind)
-        or kind is Any
-        or (origin is dict and isinstance(value, dict))
-    ):
-        return value
-    raise ValueError(f"{name}: expected {getattr(kind, '__name__', kind)}, got {value!r:.60}")
-
-
 def _told(record: WorkerExit | FailureRecord) -> None:
     """Set a record's derived `signal` and `exit` from its return code (see `ReturnCode`)."""
     told = describe_returncode(record.returncode)
@@ -206,7 +132,7 @@ def _told(record: WorkerExit | FailureRecord) -> None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerExit(_Record):
+class WorkerExit(JsonRecord):
     """One worker process that ended, failed or not, as the supervisor saw it."""
 
     local_rank: int
@@ -241,7 +167,7 @@ class FailureSource(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FailureRecord(_Record):
+class FailureRecord(JsonRecord):
     """One worker that ended with a non-zero code: how, and what it left behind. The same in
     memory, in summary.json and in the rendezvous store (where its node adds the last three)."""
 
@@ -320,7 +246,7 @@ class RankState(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HangRank(_Record):
+class HangRank(JsonRecord):
     """Where one rank was when its job was found hung."""
 
     rank: int
@@ -339,7 +265,7 @@ class HangRank(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HangRecord(_Record):
+class HangRecord(JsonRecord):
     """A hang: no rank made progress for `idle_s` seconds; every rank's place, then the action."""
 
     verdict: str
@@ -360,7 +286,7 @@ class PeerChange(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PeerFailure(_Record):
+class PeerFailure(JsonRecord):
     """What the rendezvous store tells of a node that publishes no failure records of its own (a
     torchrun agent): it restarted its workers, or it left the job. Why is in that node's logs."""
 
@@ -394,7 +320,7 @@ class RunStatus(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunSummary(_Record):
+class RunSummary(JsonRecord):
     """summary.json: how a launch ended on this node. A launch that ended before its workers
     (bad input found late, a launcher bug) has only status, exit code and message."""
 
@@ -420,7 +346,7 @@ class RunSummary(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobResult(_Record):
+class JobResult(JsonRecord):
     """result.json: what one job of a command (a run, or one point of a sweep) ended with."""
 
     overrides: tuple[str, ...] = ()

@@ -38,7 +38,7 @@ FOLDERS: dict[str, set[str]] = {
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun")
-PURE_ROOT = ("plan", "errors", "records", "tracebacks", "gpus", "slurm", "redact")
+PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact")
 PURE_MORE = ("hangs.verdict", "rendezvous.sealed_records")
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias, TypedDict
 
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import ChangeKind
+from elastic_hydra.jsonrecord import checked, plain
 from elastic_hydra.plan import HangAction
 
 FORMAT = 1  # the format this release writes, and the newest it reads
@@ -69,7 +69,6 @@ class Stamp(TypedDict):
 
 
 _KEYS = {"wall_time": "time", "mono_time": "monotonic"}  # field -> JSON key, where they differ
-_NAMES: dict[object, str] = {type(None): "null", float: "number", int: "integer", str: "string"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,7 +84,7 @@ class _Event:
         own fields in order, then `format`."""
         line: dict[str, Any] = {"event": self.kind.value}
         for f in dataclasses.fields(self):
-            line[_KEYS.get(f.name, f.name)] = _plain(getattr(self, f.name))
+            line[_KEYS.get(f.name, f.name)] = plain(getattr(self, f.name))
         line["format"] = FORMAT
         return line
 
@@ -245,7 +244,10 @@ def event_from_json(obj: object) -> Event:
     for f in dataclasses.fields(cls):
         key = _KEYS.get(f.name, f.name)
         if key in obj:
-            values[f.name] = _checked(f"{kind}.{key}", obj[key], hints[f.name])
+            try:
+                values[f.name] = checked(f"{kind}.{key}", obj[key], hints[f.name])
+            except ValueError as exc:
+                raise EventLineError(str(exc)) from None
         elif f.default is dataclasses.MISSING:
             raise EventLineError(f"{kind}.{key}: missing")
     return cls(**values)
@@ -256,48 +258,3 @@ def _hints(cls: type[Event]) -> dict[str, Any]:
     if (hints := _HINTS.get(cls.kind)) is None:
         hints = _HINTS[cls.kind] = typing.get_type_hints(cls)
     return hints
-
-
-def _plain(value: object) -> object:
-    """A field's value in JSON: enums by value, tuples as lists."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _checked(name: str, value: object, hint: Any) -> Any:
-    """`value` as the field's type `hint`, or EventLineError naming the key."""
-    args = typing.get_args(hint)
-    if isinstance(hint, types.UnionType):
-        for option in args:
-            try:
-                return _checked(name, value, option)
-            except EventLineError:
-                continue
-    elif hint is type(None):
-        if value is None:
-            return None
-    elif typing.get_origin(hint) is tuple and isinstance(value, list):
-        return tuple(_checked(f"{name}[{i}]", v, args[0]) for i, v in enumerate(value))
-    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(value)
-        except ValueError:
-            known = ", ".join(str(m.value) for m in hint)
-            raise EventLineError(f"{name}: expected one of {known}, got {value!r:.40}") from None
-    elif hint is float and type(value) in (int, float):
-        return float(value)  # type: ignore[arg-type]
-    elif hint in (int, str, bool) and type(value) is hint:
-        return value
-    raise EventLineError(f"{name}: expected {_name(hint)}, got {value!r:.40}")
-
-
-def _name(hint: Any) -> str:
-    """A field's type in JSON's words: `number or null`, `list`."""
-    if isinstance(hint, types.UnionType):
-        return " or ".join(_name(a) for a in typing.get_args(hint))
-    if typing.get_origin(hint) is tuple:
-        return "list"
-    return _NAMES.get(hint, getattr(hint, "__name__", str(hint)))
