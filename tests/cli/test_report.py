@@ -223,9 +223,7 @@ def attempt_rows(out: str) -> list[str]:
 
 
 # -------------------------------------------------------------------------- multi-node run dirs
-def static_node(
-    tmp: Path, job_dir: Path, node: str, node_rank: int, *args: str, port: int
-) -> int:
+def static_node(tmp: Path, job_dir: Path, node: str, node_rank: int, *args: str, port: int) -> int:
     """One node of a two-node static job, its run dir `job_dir/<node>` (as on a shared
     filesystem, or in a Slurm step where every node gets the job's dir)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_HYDRA", "SLURM"))}
