@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--torch-record", action="store_true")
     opts = parser.parse_args()
     rank = int(os.environ["RANK"])
-    if opts.attempt not in (None, int(os.environ["TORCHELASTIC_RESTART_COUNT"])):
+    if opts.attempt is not None and opts.attempt != int(os.environ["TORCHELASTIC_RESTART_COUNT"]):
         return
     if rank == opts.rank and opts.mode != "ok":
         run = fail
