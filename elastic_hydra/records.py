@@ -344,6 +344,14 @@ class RunSummary(JsonRecord):
     hang: HangRecord | None = None  # the last hang found (hang.timeout)
     peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
 
+    @property
+    def earlier_failures(self) -> tuple[FailureRecord, ...]:
+        """This node's real failures in attempts before its last: each was followed by a new
+        start of the worker group. In a run that succeeded, the failures restarts recovered;
+        their tracebacks are worth as much as the root cause's (the next run may not recover)."""
+        last = self.attempts - 1
+        return tuple(f for f in self.failures if f.failed and f.attempt < last)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobResult(JsonRecord):

@@ -167,6 +167,18 @@ class RunDir:
         """When the worker's main thread last moved (hang detection)."""
         return self.rank_dir(attempt, local_rank) / _PROGRESS
 
+    def nodes(self) -> list[RunDir]:
+        """The run dirs of a multi-node job's nodes inside this one (each node writes in a
+        subdirectory named after it), by name: those with a summary or a timeline."""
+        if not self.root.is_dir():
+            return []
+        found = [
+            RunDir(p)
+            for p in self.root.iterdir()
+            if p.is_dir() and ((p / _SUMMARY).is_file() or (p / _EVENTS).is_file())
+        ]
+        return sorted(found, key=lambda run: run.root.name)
+
     @staticmethod
     def stacks_shown(attempt: int, local_rank: str) -> str:
         """Where ranks' stacks are, relative to their run dir, for people: `local_rank` stands

@@ -4,7 +4,7 @@ FOLDERS is the design: which folder of the package may import which. Every folde
 root (the shared words: errors, plan, records, tracebacks, ...); the root imports no folder. A new
 edge between folders is a design decision: add it here with its reason, or move the code.
 Beside the table: hydra and omegaconf stay in `config/` (hydra's internals in the boundary
-alone, and no DictConfig is read outside it), rich in the two rendering modules, torch under
+alone, and no DictConfig is read outside it), rich in the rendering modules, torch under
 `rendezvous/`; the pure modules do no I/O; the bootstrap runs on the standard library; and no
 module does work when it is imported.
 """
@@ -46,7 +46,8 @@ HEAVY = ("hydra", "omegaconf", "rich")
 MAY_IMPORT = {
     "hydra": {"config"},
     "omegaconf": {"config"},
-    "rich": {"report.render", "sweeps.view"},
+    # report.history: `report`'s timeline, attempts and nodes, split from render for its size.
+    "rich": {"report.render", "report.history", "sweeps.view"},
     "torch": {"rendezvous"},
 }
 

@@ -20,6 +20,9 @@ ATTEMPT = "ELASTIC_HYDRA_ATTEMPT"
 PLAN_PATH = "ELASTIC_HYDRA_PLAN"
 CONFIG_PATH = "ELASTIC_HYDRA_CONFIG"
 FAULT_FILE = "ELASTIC_HYDRA_FAULT_FILE"  # where the bootstrap's faulthandler writes a crash
+# When this node's launch started (seconds since the epoch): the same for every rank and every
+# attempt, so a Hydra app in the worker gets one `${now:...}` (the bootstrap pins it, hydra#2070).
+LAUNCH_TIME = "ELASTIC_HYDRA_LAUNCH_TIME"
 # The bootstrap's own (it takes them out of the script's environment): where it dumps every
 # thread's stack on DUMP_SIGNAL, and where it notes each change of its main thread's stack.
 STACKS_FILE = "ELASTIC_HYDRA_STACKS_FILE"
@@ -46,6 +49,7 @@ class WorkerFiles:
     fault_file: str
     stacks_file: str = ""
     progress_file: str = ""
+    launch_time: float | None = None  # when this node's launch started (time.time())
 
 
 def worker_env(
@@ -98,6 +102,8 @@ def worker_env(
             FAULT_FILE: files.fault_file,
         }
     )
+    if files.launch_time is not None:
+        env[LAUNCH_TIME] = f"{files.launch_time:.6f}"
     if plan.entrypoint_bootstrapped and files.stacks_file:
         env.update({STACKS_FILE: files.stacks_file, STACKS_SIGNAL: str(DUMP_SIGNAL)})
     if plan.entrypoint_bootstrapped and files.progress_file and plan.hang.timeout is not None:

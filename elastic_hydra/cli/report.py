@@ -1,7 +1,8 @@
 """`elastic-hydra report [RUN_DIR | SWEEP_DIR]`: a finished launch shown again.
 
-A run's summary.json and events.jsonl, or a sweep's result files, read back and rendered as at
-the end of the launch; the exit code says whether it succeeded.
+A run's summary.json and events.jsonl, or a sweep's result files, or every node's run of a
+multi-node job's run dir, read back and rendered as at the end of the launch; the exit code says
+whether it succeeded.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from elastic_hydra.rundir import LOGS_ROOT, RunDir, SweepDir, finished_runs
 
 REPORT_USAGE = f"""usage: elastic-hydra report [RUN_DIR | SWEEP_DIR]
 
-Show a finished launch again: its summary, its timeline and, for a failure, the root cause.
-Without a directory: the latest run under ./{LOGS_ROOT}. A sweep's directory shows its table.
+Show a finished launch again: its timeline, its attempts and, for a failure, the root cause
+(failures that restarts recovered, with their tracebacks too). Without a directory: the latest
+run under ./{LOGS_ROOT}. A sweep's directory shows its table; a multi-node job's, every node.
 Exits 0 for a run (or sweep) that succeeded, 1 for one that did not, 2 for bad input."""
 
 
@@ -41,32 +43,81 @@ def report(args: Sequence[str]) -> int:
 
         render.print_sweep(sweep)
         return 0 if all(r.exit_code == 0 for r in sweep) else 1
+    if not run.summary.exists() and (nodes := run.nodes()):
+        return _report_nodes(where, nodes)
+    summary = _read_summary(run)
+    from elastic_hydra.report import history
+
+    history.print_report(summary, _read_timeline(run).events)
+    return 0 if summary.status is RunStatus.SUCCEEDED else 1
+
+
+def _read_summary(run: RunDir) -> RunSummary:
+    """A run dir's summary.
+
+    Raises:
+        ConfigError: there is none (naming the run dirs below, if any), or it is no summary.
+    """
     try:
-        summary = RunSummary.from_json(json.loads(run.summary.read_text()))
+        return RunSummary.from_json(json.loads(run.summary.read_text()))
     except FileNotFoundError:
         raise ConfigError(
             "report",
             f"no {run.summary.name} in this directory",
-            str(where),
-            "expected the run dir of a launch (it is printed at the end of each run)",
+            str(run.root),
+            _run_dirs_below(run.root)
+            or "expected the run dir of a launch (it is printed at the end of each run)",
         ) from None
     except ValueError as exc:
         raise ConfigError(
             "report",
             f"{run.summary.name} does not read as a run summary ({exc})",
-            str(where),
+            str(run.root),
             "expected a run dir written by elastic-hydra",
         ) from None
+
+
+def _run_dirs_below(where: Path, shown: int = 4) -> str:
+    """'run dirs under it: a, b (give one)', or '' where there are none."""
+    found = sorted(str(r.root.relative_to(where)) for r in finished_runs(where))
+    if not found:
+        return ""
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    return f"run dirs under it: {', '.join(found[:shown])}{more} (give one)"
+
+
+def _read_timeline(run: RunDir) -> EventsRead:
+    """A run's events, what can be read of them (a notice says what was skipped)."""
     try:
         read = read_events(run.events)
     except FileNotFoundError:
         read = EventsRead(events=())
     if (skipped := read.skipped()) is not None:
         notices.warn(skipped)
-    from elastic_hydra.report import render
+    return read
 
-    render.print_report(summary, read.events)
-    return 0 if summary.status is RunStatus.SUCCEEDED else 1
+
+def _report_nodes(where: Path, nodes: list[RunDir]) -> int:
+    """A multi-node job's run dir: each node's run (0 when every node succeeded)."""
+    from elastic_hydra.report import history
+
+    found: list[history.NodeRun] = []
+    for node in nodes:
+        name, path = node.root.name, str(node.root)
+        if not node.summary.exists():
+            missing = f"no {node.summary.name}: still running, or killed before it wrote one"
+            found.append(history.NodeRun(name=name, path=path, summary=None, missing=missing))
+            continue
+        try:
+            summary = _read_summary(node)
+        except ConfigError as exc:
+            found.append(history.NodeRun(name=name, path=path, summary=None, missing=exc.line()))
+            continue
+        events = _read_timeline(node).events
+        found.append(history.NodeRun(name=name, path=path, summary=summary, events=events))
+    history.print_nodes(str(where), found)
+    ok = all(n.summary is not None and n.summary.status is RunStatus.SUCCEEDED for n in found)
+    return 0 if ok else 1
 
 
 def _latest_run(root: Path) -> Path:

@@ -220,7 +220,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     become_subreaper()
     contain = Containment(str(run_dir.root))
     guard = GroupGuard(contain)
-    factory = LocalWorkerFactory(plan, run_dir, flag, guard, contain)
+    factory = LocalWorkerFactory(plan, run_dir, flag, guard, contain, launch_time=started_at)
     try:
         with handle_signals(flag):
             rdzv = make_rendezvous(plan, flag)

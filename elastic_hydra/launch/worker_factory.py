@@ -36,9 +36,17 @@ class LocalWorkerFactory:
     """Builds each attempt's worker specs and starts them."""
 
     def __init__(
-        self, plan: LaunchPlan, run: RunDir, flag: StopFlag, guard: GroupGuard, contain: Containment
+        self,
+        plan: LaunchPlan,
+        run: RunDir,
+        flag: StopFlag,
+        guard: GroupGuard,
+        contain: Containment,
+        *,
+        launch_time: float | None = None,
     ) -> None:
         self.guard = guard
+        self.launch_time = launch_time  # every rank and attempt gets this one (a Hydra app's now)
         self.contain = contain
         self.plan = plan
         self.run = run
@@ -74,6 +82,7 @@ class LocalWorkerFactory:
             fault_file=str(self.run.fault_file(attempt, local_rank)),
             stacks_file=str(self.run.stacks_file(attempt, local_rank)),
             progress_file=str(self.run.progress_file(attempt, local_rank)),
+            launch_time=self.launch_time,
         )
         rank = node.base_rank + local_rank
         ranks = self.plan.logs.console_ranks

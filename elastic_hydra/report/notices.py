@@ -35,6 +35,11 @@ def succeeded(summary: RunSummary) -> None:
     if colour():
         head = _GREEN + head + _RESET
     say(f"{head} ({took(summary)}); run dir {summary.run_dir}")
+    if recovered := len(summary.earlier_failures):  # their tracebacks are worth a look
+        say(
+            f"elastic-hydra: {recovered} failure(s) recovered by a restart: "
+            f"elastic-hydra report {summary.run_dir} shows the traceback(s)"
+        )
 
 
 def progress(event: Event, *, multi_node: bool) -> None:

@@ -1,4 +1,6 @@
-"""Rich renderings for people: the launch plan and the sweep table. The only module importing rich.
+"""Rich renderings for people: the launch plan, the sweep table and the failure report. With
+`report.history` (the `report` command's timeline, attempts and nodes), the only module importing
+rich.
 
 On a terminal these use colour; elsewhere (CI logs, pipes) rich emits plain text without ANSI codes.
 """
@@ -22,14 +24,6 @@ from rich.traceback import Stack as RichStack
 from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
-from elastic_hydra.agent.events import (
-    Event,
-    Finish,
-    Restart,
-    SignalReceived,
-    WorkerExited,
-    WorkersStarted,
-)
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.hangs import verdict
 from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
@@ -183,6 +177,11 @@ def print_failure(summary: RunSummary) -> None:
     _print(out, outcome_report(summary, plain=not out.is_terminal, width=out.width))
 
 
+def show(out: Console, *renderables: RenderableType) -> None:
+    """Print renderables as every report of this package does (see `_print`)."""
+    _print(out, *renderables)
+
+
 def _print(out: Console, *renderables: RenderableType) -> None:
     """Print; off a terminal (CI logs, diffs, grep) lines of text stay whole, without the padding
     rich adds to the ends of lines."""
@@ -196,8 +195,12 @@ def _print(out: Console, *renderables: RenderableType) -> None:
     out.file.flush()
 
 
-def outcome_report(summary: RunSummary, *, plain: bool, width: int = 100) -> RenderableType:
-    """The failure report: root cause and its traceback, the other ranks, where the logs are."""
+def outcome_report(
+    summary: RunSummary, *, plain: bool, width: int = 100, earlier_in_full: bool = False
+) -> RenderableType:
+    """The failure report: root cause and its traceback, the other ranks, the failures of
+    earlier attempts (one line each, or `earlier_in_full` as the root cause), where the logs
+    are."""
     title = f"elastic-hydra: {summary.status.replace('_', ' ')}"  # not a field name
     headline = Text(f"{summary.message} ({took(summary)})")
     parts: list[RenderableType] = []
@@ -210,6 +213,7 @@ def outcome_report(summary: RunSummary, *, plain: bool, width: int = 100) -> Ren
     others = _other_ranks(summary, cause, plain=plain)
     if others is not None:
         parts.append(others)
+    parts += earlier_section(summary, plain=plain, width=width, full=earlier_in_full)
     if summary.stuck_pids:
         parts.append(Text(f"processes that would not die: {list(summary.stuck_pids)}", style="red"))
     parts.append(Text(f"run dir: {summary.run_dir}"))
@@ -227,13 +231,71 @@ def outcome_report(summary: RunSummary, *, plain: bool, width: int = 100) -> Ren
     )
 
 
-def _root_cause(cause: FailureRecord, *, plain: bool, width: int) -> list[RenderableType]:
+def earlier_section(
+    summary: RunSummary, *, plain: bool, width: int, full: bool
+) -> list[RenderableType]:
+    """The failures of attempts before the last (`RunSummary.earlier_failures`): in full, each as
+    the root cause is shown (an error already shown is named, not repeated); else one line each
+    and where the full story is."""
+    earlier = summary.earlier_failures
+    if not earlier:
+        return []
+    recovered = summary.status is RunStatus.SUCCEEDED
+    title = "recovered failures" if recovered else "earlier failures"
+    parts: list[RenderableType] = [
+        Text(f"{title} (each was followed by a new attempt)", style="bold yellow")
+    ]
+    if not full:
+        for f in earlier:
+            parts.append(Text(f"  attempt {f.attempt}: {_who(f)}: {f.exit}: {_first_line(f)}"))
+        parts.append(Text(f"their tracebacks: elastic-hydra report {summary.run_dir}", style="dim"))
+        return parts
+    shown: dict[tuple[object, ...], FailureRecord] = {}
+    if summary.root_cause is not None:
+        shown[_error_of(summary.root_cause)] = summary.root_cause
+    for f in earlier:
+        if (same := shown.get(_error_of(f))) is not None:
+            parts += _root_cause(f, plain=plain, width=width, label="failure", details=False)
+            parts.append(Text(f"same error as attempt {same.attempt}, rank {same.rank}", "dim"))
+            continue
+        shown.setdefault(_error_of(f), f)
+        parts += _root_cause(f, plain=plain, width=width, label="failure")
+    return parts
+
+
+def _who(f: FailureRecord) -> str:
+    return f"rank {f.rank} (local rank {f.local_rank}) on {_where(f)}"
+
+
+def _first_line(f: FailureRecord) -> str:
+    """A failure's error in one line: its message, else its last line of stderr."""
+    lines = f.error_text.strip().splitlines()
+    return lines[-1] if lines else "(no error text)"
+
+
+def _error_of(f: FailureRecord) -> tuple[object, ...]:
+    """What makes two failures the same error: how it ended, its message and traceback, or
+    without them its stderr's tail (not its pid, time or rank)."""
+    told = f.message or f.traceback
+    return (f.exit, f.message, f.traceback, () if told else f.stderr_tail)
+
+
+def _root_cause(
+    cause: FailureRecord,
+    *,
+    plain: bool,
+    width: int,
+    label: str = "root cause",
+    details: bool = True,
+) -> list[RenderableType]:
+    """A failure as the report leads with it: who, how, when, then its traceback (or its stderr);
+    without `details` the first three alone."""
     when = datetime.fromtimestamp(cause.time).isoformat(sep=" ", timespec="milliseconds")
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold", no_wrap=True)
     head.add_column()
     head.add_row(
-        "root cause",
+        label,
         Text.assemble(
             (f"rank {cause.rank}", "bold yellow"),
             f" (local rank {cause.local_rank}) on {_where(cause)}, pid {cause.pid}, "
@@ -243,6 +305,8 @@ def _root_cause(cause: FailureRecord, *, plain: bool, width: int) -> list[Render
     head.add_row("exit", Text(cause.exit, style="bold red"))
     head.add_row("time", when)
     parts: list[RenderableType] = [head]
+    if not details:
+        return parts
     stacks = cause.traceback
     if stacks and plain:
         parts.append(Text(tracebacks.format_stacks(stacks)))
@@ -338,72 +402,4 @@ def _other_ranks(summary: RunSummary, cause: FailureRecord | None, *, plain: boo
         elif e.after_node_loss:
             how = f"{how}, collateral of another node's failure or loss"
         table.add_row(str(e.rank), str(e.local_rank), str(e.pid), Text(how))
-    return table
-
-
-# ------------------------------------------------------------------------------------- report
-def print_report(summary: RunSummary, events: Sequence[Event]) -> None:
-    """`elastic-hydra report RUN_DIR`: the saved summary and the events timeline."""
-    out = console()
-    plain = not out.is_terminal
-    ending: RenderableType = Text(
-        f"elastic-hydra: succeeded ({took(summary)}); run dir {summary.run_dir}"
-    )
-    if summary.status is not RunStatus.SUCCEEDED:
-        ending = outcome_report(summary, plain=plain, width=out.width)
-    else:  # what happened on the way: a reported hang, torchrun nodes' restarts
-        on_the_way: list[RenderableType] = []
-        if summary.hang is not None:
-            on_the_way.append(Text(f"reported on the way: {summary.hang.verdict}", style="yellow"))
-            on_the_way += hang_section(summary.hang, plain=plain)
-        ending = Group(*on_the_way, *peer_section(summary.peer_failures), ending)
-    _print(out, timeline(events, plain=plain), attempts_table(events, plain=plain), ending)
-
-
-def attempts_table(events: Sequence[Event], *, plain: bool) -> Table:
-    """One row per start of the worker group: when, for how long, and how it ended."""
-    table = Table(title="attempts", title_justify="left", box=None if plain else box.SIMPLE)
-    for name in ("attempt", "started (s)", "ran (s)", "ended"):
-        table.add_column(name, overflow="fold")
-    t0 = events[0].mono_time if events else 0.0
-    start: WorkersStarted | None = None
-    ended = ""
-    for ev in events:
-        match ev:
-            case WorkersStarted():
-                start, ended = ev, ""
-            case WorkerExited() if start is not None and not ended:
-                if ev.returncode != 0 and not ev.terminated_by_launcher:
-                    ended = f"rank {ev.rank} {ev.exit}"
-            case Restart() | Finish() | SignalReceived() if start is not None:
-                reason = ev.signal if isinstance(ev, SignalReceived) else ev.reason
-                table.add_row(
-                    str(start.attempt),
-                    f"{start.mono_time - t0:.3f}",
-                    f"{ev.mono_time - start.mono_time:.3f}",
-                    Text(ended or reason),
-                )
-                start = None
-    return table
-
-
-_NOT_DETAILS = ("event", "time", "monotonic", "format")  # in their own columns, or not news
-
-
-def _short(value: object) -> str:
-    """An event's value for people: floats to 3 significant decimals (0.947, not 0.94729827)."""
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def timeline(events: Sequence[Event], *, plain: bool) -> Table:
-    """One row per event: seconds since the first, what happened (its fields as written)."""
-    table = Table(title="timeline", title_justify="left", box=None if plain else box.SIMPLE)
-    table.add_column("t (s)", justify="right")
-    table.add_column("event")
-    table.add_column("details", overflow="fold")
-    t0 = events[0].mono_time if events else 0.0
-    for ev in events:
-        data = {k: v for k, v in ev.to_json().items() if k not in _NOT_DETAILS}
-        details = ", ".join(f"{k}={_short(v)}" for k, v in data.items())
-        table.add_row(f"{ev.mono_time - t0:.3f}", Text(ev.kind.value), Text(details))
     return table

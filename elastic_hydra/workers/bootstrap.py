@@ -23,6 +23,9 @@ thread, through `Py_AddPendingCall`, to post a semaphore when it next runs Pytho
 notes the look that finds it posted (the second line): a main thread blocked in a C call (a GPU
 sync that spins a core, a collective) does not.
 These variables are taken out of the script's environment.
+
+A Hydra app run as the script gets `${now:...}` at the launch's time, `ELASTIC_HYDRA_LAUNCH_TIME`
+(see `_pin_hydra_now`): every rank and every attempt of the launch share one output dir.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ STACKS_FILE_ENV = "ELASTIC_HYDRA_STACKS_FILE"
 STACKS_SIGNAL_ENV = "ELASTIC_HYDRA_STACKS_SIGNAL"
 PROGRESS_FILE_ENV = "ELASTIC_HYDRA_PROGRESS_FILE"
 PROGRESS_EVERY_ENV = "ELASTIC_HYDRA_PROGRESS_EVERY"
+LAUNCH_TIME_ENV = "ELASTIC_HYDRA_LAUNCH_TIME"
 _stacks: object = None  # the stacks file: faulthandler writes to it for the worker's lifetime
 
 # Frames of the bootstrap itself: runpy's code objects name the real file (`<frozen runpy>` on
@@ -69,6 +73,12 @@ def main() -> None:
     store_fd = os.environ.pop(STORE_FD_ENV, None)
     if store_fd is not None:
         _listen_on_agents_socket(int(store_fd))
+    launched = os.environ.get(LAUNCH_TIME_ENV)
+    if launched:
+        try:  # noqa: SIM105 (contextlib is one more import in every worker's start)
+            _pin_hydra_now(float(launched))
+        except ValueError:  # not a time: Hydra keeps its own
+            pass
     # The user's code gets a fresh `__main__` module that stays in sys.modules to the end (atexit
     # handlers and pickling find it), as with plain python. (This file's functions keep their
     # own globals.)
@@ -213,13 +223,9 @@ def _listen_on_agents_socket(fd: int) -> None:
     factory is wrapped to hand TCPStore that socket (`master_listen_fd`) for this job's
     MASTER_PORT. Every other store is torch's as before.
     """
-    import importlib.abc
-    import importlib.util
-
-    target = "torch.distributed.rendezvous"
     port = int(os.environ.get("MASTER_PORT", "-1"))
 
-    def wrap(module: Any) -> Any:
+    def wrap(module: Any) -> None:
         create = module._create_c10d_store
 
         def _create_c10d_store(*args: Any) -> Any:  # (hostname, port, rank, world_size, ...)
@@ -233,17 +239,71 @@ def _listen_on_agents_socket(fd: int) -> None:
             )  # fmt: skip
 
         module._create_c10d_store = _create_c10d_store
-        return module
 
-    class Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, name: str, *_: Any) -> Any:
-            if name != target:
+    _after_import("torch.distributed.rendezvous", wrap)
+
+
+def _pin_hydra_now(launched: float) -> None:
+    """A Hydra app in the worker: `${now:...}` is the launch's time, the same for every rank and
+    every attempt, so they all get one output dir (Hydra's default `hydra.run.dir` is
+    `outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}`: each process would take the second it reached
+    `@hydra.main`, hydra#2070).
+
+    Hydra (re)registers its `now` resolver in `hydra.core.utils.setup_globals`, which `@hydra.main`
+    and the compose API call before they compose: when the script imports that module, its
+    `setup_globals` is wrapped to register `now` again, on the launch's time, in the OmegaConf that
+    module uses. Nothing of Hydra or OmegaConf is imported here; a Hydra without them is left as
+    it is.
+    """
+
+    def pin(utils: Any) -> None:
+        setup = getattr(utils, "setup_globals", None)
+        omegaconf = getattr(utils, "OmegaConf", None)  # the one Hydra registers its resolvers in
+        if not callable(setup) or omegaconf is None:
+            return
+
+        def setup_globals() -> None:
+            setup()
+            from datetime import datetime
+
+            when = datetime.fromtimestamp(launched)
+            omegaconf.register_new_resolver("now", when.strftime, use_cache=True, replace=True)
+
+        utils.setup_globals = setup_globals
+
+    _after_import("hydra.core.utils", pin)
+
+
+def _after_import(name: str, patch: Any) -> None:
+    """Call `patch(module)` once the module `name` is imported (executed), before the importer
+    gets it; the script's own import machinery (other finders, editable installs) finds it.
+    A patch that fails leaves the module as it was: it is never the worker's problem."""
+
+    class Finder:  # a meta path finder (importlib.abc is not imported: it costs every start)
+        def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+            if fullname != name:
                 return None
             sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
+            spec = None
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if find is not None and (spec := find(fullname, path, target)) is not None:
+                    break
             if spec is not None and spec.loader is not None:
                 run = spec.loader.exec_module
-                spec.loader.exec_module = lambda module: wrap(run(module) or module)  # type: ignore[method-assign]
+
+                def exec_module(module: Any) -> None:
+                    run(module)
+                    if getattr(module, "__name__", None) == name:  # a loader may serve many
+                        try:  # noqa: SIM105 (no contextlib: see main)
+                            patch(module)
+                        except Exception:  # the module stays as it came
+                            pass
+
+                try:  # noqa: SIM105
+                    spec.loader.exec_module = exec_module
+                except (AttributeError, TypeError):  # a loader that takes no attribute
+                    pass
             return spec
 
     sys.meta_path.insert(0, Finder())

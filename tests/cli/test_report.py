@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from elastic_hydra.agent.events import WorkersStarted
 from elastic_hydra.records import RunStatus, RunSummary
-from tests.conftest import ELASTIC_HYDRA, WORKERS
+from tests.conftest import ELASTIC_HYDRA, WORKERS, free_port, wait_for
+from tests.harness import started
 
 FAIL = str(WORKERS / "fail.py")
 EXIT_CODE = str(WORKERS / "exit_code.py")
@@ -142,3 +144,124 @@ def test_report_reads_what_it_can_of_a_timeline_and_says_what_it_skipped(tmp_pat
     assert refused.returncode == 2 and refused.stdout == ""
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith("elastic-hydra: error: events.jsonl: written in format 99, newer"), line
+
+
+def test_report_shows_the_traceback_of_a_failure_a_restart_recovered(tmp_path: Path) -> None:
+    proc = cli(
+        tmp_path, f"script={FAIL}", "nproc_per_node=2", "restart.max_restarts=1",
+        "logs=files_only", "--", "raise", "--rank", "1", "--attempt", "0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path / "eh_logs")
+    summary = load(run_dir)
+    assert (summary["status"], summary["attempts"], summary["restarts"]) == ("succeeded", 2, 1)
+    # The end of the run says a failure was recovered, and where its traceback is.
+    assert f"1 failure(s) recovered by a restart: elastic-hydra report {run_dir}" in proc.stderr
+
+    report = cli(tmp_path, "report", str(run_dir))
+    assert report.returncode == 0, report.stderr
+    out = report.stdout
+    assert "recovered failures" in out, out
+    section = out[out.index("recovered failures") :]
+    assert "rank 1 (local rank 1) on" in section and "attempt 0, restart count 0" in section
+    assert "ValueError: boom from rank 1" in section
+    assert f'File "{FAIL}", line' in section  # the worker's own traceback, not just its message
+    assert 'raise ValueError(f"boom from rank {rank}")' in section
+    assert section.index("recovered failures") < section.index("elastic-hydra: succeeded")
+
+
+def test_a_failed_run_shows_its_earlier_failures_briefly_and_report_in_full(
+    tmp_path: Path,
+) -> None:
+    proc = cli(
+        tmp_path, f"script={FAIL}", "nproc_per_node=2", "restart.max_restarts=1",
+        "logs=files_only", "--", "raise", "--rank", "1",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    run_dir = only_run_dir(tmp_path / "eh_logs")
+    # At the end of the run: the root cause in full, the failure before it in one line.
+    err = proc.stderr
+    assert "root cause  rank 1 (local rank 1)" in err and "attempt 1, restart count 1" in err
+    brief = err[err.index("earlier failures") :]
+    assert "attempt 0: rank 1 (local rank 1)" in brief and "ValueError: boom from rank 1" in brief
+    assert brief.count('File "') == 0, brief
+    report = cli(tmp_path, "report", str(run_dir))
+    assert report.returncode == 1, report.stderr
+    full = report.stdout[report.stdout.index("earlier failures") :]
+    assert "failure  rank 1 (local rank 1)" in full and "attempt 0, restart count 0" in full
+    # The root cause above shows that very traceback: named, not repeated.
+    assert "same error as attempt 1, rank 1" in full and 'File "' not in full, full
+
+
+def test_the_attempts_table_has_a_row_for_every_start_and_how_it_ended(tmp_path: Path) -> None:
+    """A stop by a signal ends the last attempt: its row says so."""
+    ready = tmp_path / "ready"
+    args = (f"script={WORKERS / 'sleeper.py'}", "nproc_per_node=2", "logs=quiet",
+            "--", "--dir", str(ready))  # fmt: skip
+    with started(*args, cwd=tmp_path) as agent:
+        wait_for(lambda: len(list(ready.glob("ready_*"))) == 2, 60, "both workers")
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=60)
+    assert agent.returncode == 128 + signal.SIGTERM
+    run_dir = only_run_dir(tmp_path / "eh_logs")
+    report = cli(tmp_path, "report", str(run_dir))
+    rows = attempt_rows(report.stdout)
+    assert [r.split()[0] for r in rows] == ["0"], report.stdout
+    assert rows[0].endswith("stopped by SIGTERM"), rows
+
+
+def attempt_rows(out: str) -> list[str]:
+    """The rows of the attempts table of a report."""
+    lines = [ln.strip() for ln in out.splitlines()]
+    start = lines.index("attempts") + 2
+    rows = []
+    for line in lines[start:]:
+        if not line or not line.split()[0].isdigit():
+            break
+        rows.append(line)
+    return rows
+
+
+# -------------------------------------------------------------------------- multi-node run dirs
+def static_node(tmp: Path, job_dir: Path, node: str, node_rank: int, *args: str, port: int) -> int:
+    """One node of a two-node static job, its run dir `job_dir/<node>` (as on a shared
+    filesystem, or in a Slurm step where every node gets the job's dir)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_HYDRA", "SLURM"))}
+    command = [
+        *ELASTIC_HYDRA, f"script={FAIL}", "rdzv=static", "nnodes=2", f"node_rank={node_rank}",
+        "master_addr=127.0.0.1", f"master_port={port}", "nproc_per_node=2", "logs=quiet",
+        f"hydra.run.dir={job_dir}", "--", *args,
+    ]  # fmt: skip
+    proc = subprocess.run(
+        command,
+        cwd=tmp,
+        env=env | {"SLURMD_NODENAME": node, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return proc.returncode
+
+
+def test_report_of_a_multi_node_run_dir_shows_every_node(tmp_path: Path) -> None:
+    job_dir, port = tmp_path / "runs" / "job", free_port()
+    assert static_node(tmp_path, job_dir, "n0", 0, "ok", port=port) == 0
+    assert static_node(tmp_path, job_dir, "n1", 1, "raise", "--rank", "3", port=port) == 1
+    assert sorted(p.name for p in job_dir.iterdir()) == ["n0", "n1"]  # nothing but the nodes
+
+    report = cli(tmp_path, "report", str(job_dir))
+    assert report.returncode == 1, report.stderr  # one node failed
+    out = report.stdout
+    nodes = [ln.split() for ln in out.splitlines() if ln.startswith(("n0 ", "n1 "))]
+    assert [(n[0], n[1]) for n in nodes] == [("n0", "succeeded"), ("n1", "failed")], out
+    first, second = out.index(f"node n0: {job_dir / 'n0'}"), out.index(f"node n1: {job_dir / 'n1'}")
+    assert "elastic-hydra: succeeded" in out[first:second]
+    assert "ValueError: boom from rank 3" in out[second:]
+    assert "root cause  rank 3 (local rank 1)" in out[second:]
+
+    # A directory above run dirs names them.
+    above = cli(tmp_path, "report", str(tmp_path / "runs"))
+    assert above.returncode == 2
+    (line,) = above.stderr.strip().splitlines()
+    assert "run dirs under it: job/n0, job/n1" in line, line

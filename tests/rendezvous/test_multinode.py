@@ -196,6 +196,25 @@ def test_a_worker_failure_on_one_node_restarts_the_job_on_every_node(tmp_path: P
     assert joined and joined[0].reason.endswith(
         "restarted its workers: a new round for every node"
     ), joined
+    # `report` of each node: every attempt has its row and says how it ended (the other node's
+    # first ended in the membership change), the failing node's recovered failure its traceback.
+    for agent in j.agents:
+        (summary_path,) = agent.root.glob("**/summary.json")
+        report = subprocess.run(
+            [*ELASTIC_HYDRA, "report", str(summary_path.parent)],
+            env=launcher_env(), capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert report.returncode == 0, report.stderr
+        lines = [ln.strip() for ln in report.stdout.splitlines()]
+        rows = lines[lines.index("attempts") + 2 : lines.index("attempts") + 4]
+        assert [r.split()[0] for r in rows] == ["0", "1"], report.stdout
+        if agent is other:
+            assert "restarted its workers" in rows[0] and "membership" in rows[0], rows
+            assert "recovered failures" not in report.stdout
+        else:
+            assert rows[0].endswith("rank 3 exit code 1"), rows
+            recovered = report.stdout[report.stdout.index("recovered failures") :]
+            assert "ValueError: boom from rank 3" in recovered, report.stdout
 
 
 def test_every_node_names_the_job_wide_root_cause(tmp_path: Path) -> None:

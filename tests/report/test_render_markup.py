@@ -15,7 +15,7 @@ from rich.table import Table
 from elastic_hydra.agent.events import Finish
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.records import JobResult
-from elastic_hydra.report import render
+from elastic_hydra.report import history, render
 from elastic_hydra.sweeps import view
 from elastic_hydra.sweeps.pool import JobRow, PoolJob, State
 from tests.report.test_render_golden import plan
@@ -59,4 +59,5 @@ def test_timeline_details_are_text() -> None:
             attempts=1,
         )
     ]
-    assert f"reason={HOSTILE}" in text_of(render.timeline(events, plain=True))
+    assert f"reason={HOSTILE}" in text_of(history.timeline(events, plain=True))
+    assert HOSTILE in text_of(history.attempts_table(events, plain=True))  # it never started

@@ -1,11 +1,12 @@
 """Fails on one rank in a chosen way; the other ranks sleep until the launcher stops them.
 
-    fail.py MODE [--rank R] [--torch-record]
+    fail.py MODE [--rank R] [--attempt K] [--torch-record]
 
 MODE: raise (ValueError "boom from rank R" inside main()), segv, abrt, fpe, kill (SIGKILL to
 itself), exit3 (sys.exit(3) after writing to stderr), os_exit (os._exit(4), no traceback), ok.
 --torch-record wraps main() in torch's @record (torch's own error file). Other ranks wait at most
-60 s, so a broken launcher cannot leave them running for long.
+60 s, so a broken launcher cannot leave them running for long. With --attempt K it fails only on
+attempt K (TORCHELASTIC_RESTART_COUNT); every rank of any other attempt exits 0.
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode")
     parser.add_argument("--rank", type=int, default=1)
+    parser.add_argument("--attempt", type=int, default=None)
     parser.add_argument("--torch-record", action="store_true")
     opts = parser.parse_args()
     rank = int(os.environ["RANK"])
+    if opts.attempt is not None and opts.attempt != int(os.environ["TORCHELASTIC_RESTART_COUNT"]):
+        return
     if rank == opts.rank and opts.mode != "ok":
         run = fail
         if opts.torch_record:
