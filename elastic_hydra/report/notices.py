@@ -65,7 +65,7 @@ def progress(event: Event, *, multi_node: bool) -> None:
         case Stopping(hung=True):
             say(
                 f"elastic-hydra: {event.signal} to the {event.workers} hung worker(s), their"
-                f" stacks saved; SIGKILL after {event.grace:g} s (hang.grace), not stop_grace"
+                f" stacks saved; SIGKILL after {event.grace:g} s (hang.grace)"
             )
         case Stopping():
             say(

@@ -268,7 +268,7 @@ def test_progress_lines_read_the_typed_events(capsys: pytest.CaptureFixture[str]
         "elastic-hydra: SIGTERM: stopping 2 worker(s), up to 30 s (stop_grace); Ctrl-C again to "
         "kill them now",
         "elastic-hydra: SIGTERM to the 3 hung worker(s), their stacks saved; SIGKILL after 5 s "
-        "(hang.grace), not stop_grace",
+        "(hang.grace)",
         "elastic-hydra: hang watch: 120 s without progress on any rank is a hang, the first "
         "verdict 120 s after the start at the earliest (hang.timeout=120, hang.warmup=0); then "
         "report (hang.action)",
