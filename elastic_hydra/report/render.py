@@ -127,9 +127,10 @@ def describe_hang(plan: LaunchPlan) -> str:
     grace = min(h.grace, plan.stop_grace)
     after = "" if h.action is HangAction.REPORT else f"; SIGKILL {grace:g} s after SIGTERM"
     return (
-        f"a hang is {h.timeout:g} s without progress on any rank (hang.timeout); the first "
-        f"verdict {h.first_verdict:g} s after an attempt starts at the earliest "
-        f"(hang.warmup={h.warmup:g}); then {h.action} (hang.action){after}"
+        f"first verdict {h.first_verdict:g} s after an attempt starts at the earliest (the "
+        f"longer of hang.timeout={h.timeout:g} and hang.warmup={h.warmup:g})\n"
+        f"a hang: no progress on any rank for {h.timeout:g} s (hang.timeout)\n"
+        f"then {h.action} (hang.action){after}{' (hang.grace)' if after else ''}"
     )
 
 

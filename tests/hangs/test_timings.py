@@ -76,11 +76,12 @@ def test_plan_says_when_the_first_verdict_can_come(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         shown[extra] = " ".join(proc.stdout.split())  # the table may fold the row
     assert (
-        "a hang is 120 s without progress on any rank (hang.timeout); the first verdict 120 s "
-        "after an attempt starts at the earliest (hang.warmup=0); then fail (hang.action); "
-        "SIGKILL 5 s after SIGTERM" in shown["hang.timeout=120"]
+        "hangs first verdict 120 s after an attempt starts at the earliest (the longer of "
+        "hang.timeout=120 and hang.warmup=0) a hang: no progress on any rank for 120 s "
+        "(hang.timeout) then fail (hang.action); SIGKILL 5 s after SIGTERM (hang.grace)"
+        in shown["hang.timeout=120"]
     )
-    assert "the first verdict 600 s after" in shown["hang.warmup=600"]
+    assert "hangs first verdict 600 s after" in shown["hang.warmup=600"]
     assert "hangs not watched (hang.timeout=null)" in shown["hang.timeout=null"]
     assert plan_of(script, "hang.timeout=120").hang.first_verdict == 120.0
 
