@@ -193,10 +193,10 @@ class Executor:
         assert self.hang is not None
         self.hang.start(group.pids, node, self.state.attempts)
         spec = self.plan.hang
-        if self.state.attempts == 0 and spec.timeout is not None:
+        if self.state.attempts == 0 and spec.timeout is not None and spec.first_verdict:
             watch = events.HangWatchStarted(
                 **self._now(), timeout=spec.timeout, warmup=spec.warmup,
-                first_verdict=max(spec.timeout, spec.warmup), action=spec.action,
+                first_verdict=spec.first_verdict, action=spec.action,
             )  # fmt: skip
             self.observer.emit(watch)
 

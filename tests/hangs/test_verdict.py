@@ -17,6 +17,7 @@ import pytest
 
 from elastic_hydra.hangs import verdict
 from elastic_hydra.hangs.watch import _with_threads
+from elastic_hydra.plan import HangAction
 from elastic_hydra.records import HangRank, RankState
 from elastic_hydra.tracebacks import Frame, ThreadStack
 from tests.conftest import WORKERS
@@ -160,6 +161,22 @@ def test_without_one_suspect_group_it_cannot_tell(ranks: list[HangRank], why: st
     assert odd == frozenset()
     assert text.startswith(f"hang after 7 s without progress; cannot tell which rank ({why}): ")
     assert "(stuck here)" not in text
+
+
+def test_the_report_shows_one_stack_per_place_when_it_cannot_tell() -> None:
+    from elastic_hydra.records import HangRecord
+    from elastic_hydra.report.render import hang_section
+
+    ranks = [dumped(0, 42, ALL_REDUCE), dumped(1, 42, ALL_REDUCE), dumped(2, 38, BACKWARD)]
+    text, odd = verdict.verdict(ranks, 7)
+    assert odd == frozenset()
+    record = HangRecord(verdict=text, idle_s=7, timeout_s=5, action=HangAction.FAIL, attempt=0,
+                        time=0.0, ranks=tuple(ranks))  # fmt: skip
+    shown = [str(part) for part in hang_section(record, plain=True)]
+    assert [line for line in shown if line.startswith("rank ")] == [
+        "rank 2 (local rank 2) on , pid 102: dumped",
+        "rank 0 (local rank 0) on , pid 100: dumped",
+    ]
 
 
 def test_one_rank_alone_needs_no_telling() -> None:
