@@ -185,11 +185,18 @@ class HangAction(enum.StrEnum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HangSpec:
     """When a job counts as hung: no rank made progress for `timeout` seconds (None: never),
-    and not within the first `warmup` seconds of an attempt."""
+    and not within the first `warmup` seconds of an attempt; how long its workers get to stop."""
 
     timeout: float | None = 300.0
-    warmup: float = 300.0
+    warmup: float = 0.0
     action: HangAction = HangAction.REPORT
+    grace: float = 5.0  # SIGTERM to SIGKILL for the workers of a hang (at most stop_grace)
+
+    @property
+    def first_verdict(self) -> float | None:
+        """The earliest a hang can be declared after an attempt starts (None: never). Idle time
+        counts from the start, so a warm-up shorter than the timeout changes nothing."""
+        return None if self.timeout is None else max(self.timeout, self.warmup)
 
     @property
     def sample(self) -> float:

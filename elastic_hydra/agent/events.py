@@ -41,6 +41,7 @@ class EventKind(enum.Enum):
     SIGNAL = "signal"  # the agent received a signal
     STOPPING = "stopping"  # a signal stops the workers: how many, and the grace
     STOP = "stop"  # workers were stopped: why, and pids that would not die
+    HANG_WATCH = "hang_watch"  # the hang watch started: when its first verdict can come
     HANG = "hang"  # no rank made progress for hang.timeout: the verdict, then the action
     FINISH = "finish"  # the run ended: status and exit code
 
@@ -166,7 +167,14 @@ class Stopping(_Event):
     kind: ClassVar[EventKind] = EventKind.STOPPING
     signal: str
     workers: int  # still running
-    grace: float  # seconds they have before SIGKILL (stop_grace)
+    grace: float  # seconds they have before SIGKILL (stop_grace, or hang.grace)
+    hung: bool = False  # they hung: their stacks are saved, the grace is hang.grace (left out)
+
+    def to_json(self) -> dict[str, Any]:
+        line = _Event.to_json(self)
+        if not self.hung:
+            del line["hung"]
+        return line
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +185,15 @@ class Stop(_Event):
     stopped_ranks: tuple[int, ...]  # local ranks still running when the stop began
     paused_ranks: tuple[int, ...]  # found stopped (SIGSTOP), resumed to exit
     stuck_pids: tuple[int, ...]  # would not die
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangWatchStarted(_Event):
+    kind: ClassVar[EventKind] = EventKind.HANG_WATCH
+    timeout: float  # hang.timeout
+    warmup: float  # hang.warmup
+    first_verdict: float  # seconds after an attempt starts: max(timeout, warmup)
+    action: HangAction
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,6 +225,7 @@ Event: TypeAlias = (
     | SignalReceived
     | Stopping
     | Stop
+    | HangWatchStarted
     | Hang
     | Finish
 )

@@ -121,7 +121,7 @@ class Executor:
                 )
             )
             if self.hang is not None:
-                self.hang.start(group.pids, node, self.state.attempts)
+                self._watch_hangs(group, node)
             ended, reason = self._monitor(group, node)
             self._stop_group(group, ended, reason)
             self.state.attempts += 1
@@ -187,6 +187,18 @@ class Executor:
             if names <= _STOP_SIGNAL_NAMES:
                 self.clock.sleep(STOP_SIGNAL_WINDOW)  # returns at once when it comes
         return self.stop_request.signum is not None
+
+    def _watch_hangs(self, group: WorkerGroup, node: NodeAssignment) -> None:
+        """Start the watch on this attempt's workers; the first time, say when it can speak."""
+        assert self.hang is not None
+        self.hang.start(group.pids, node, self.state.attempts)
+        spec = self.plan.hang
+        if self.state.attempts == 0 and spec.timeout is not None and spec.first_verdict:
+            watch = events.HangWatchStarted(
+                **self._now(), timeout=spec.timeout, warmup=spec.warmup,
+                first_verdict=spec.first_verdict, action=spec.action,
+            )  # fmt: skip
+            self.observer.emit(watch)
 
     def _check_hang(self, group: WorkerGroup) -> tuple[_Ended, str] | None:
         if self.hang is None or (hang := self.hang.check(group.running())) is None:
@@ -335,16 +347,21 @@ class Executor:
     def _stop_group(self, group: WorkerGroup, ended: _Ended, reason: str) -> None:
         sig = self.stop_request.signum if ended is _Ended.STOPPED else signal.SIGTERM
         running = group.running()
-        if ended is _Ended.STOPPED and running:
+        hung = ended in (_Ended.HUNG, _Ended.HUNG_FAIL)
+        # Workers whose stacks were just saved as stuck rarely stop on SIGTERM: one stuck in a
+        # C call cannot, a framework's handler may log and go on. They get a short grace.
+        grace = min(self.plan.stop_grace, self.plan.hang.grace) if hung else self.plan.stop_grace
+        if (ended is _Ended.STOPPED or hung) and running:
             self.observer.emit(
                 events.Stopping(
                     **self._now(),
                     signal=signal.Signals(sig or signal.SIGTERM).name,
                     workers=len(running),
-                    grace=self.plan.stop_grace,
+                    grace=grace,
+                    hung=hung,
                 )
             )
-        exits, stuck = group.stop(sig or signal.SIGTERM, self.plan.stop_grace)
+        exits, stuck = group.stop(sig or signal.SIGTERM, grace)
         node = self.state.node
         assert node is not None
         for exited in exits:

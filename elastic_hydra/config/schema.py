@@ -106,11 +106,20 @@ class HangConf:
     timeout: float | None = key(
         300.0, "seconds with no progress on any rank before the job counts as hung; null: off"
     )
-    warmup: float = key(300.0, "seconds at the start of each attempt when no hang is declared")
+    warmup: float = key(
+        0.0,
+        "seconds at the start of each attempt when no hang is declared: the first verdict comes"
+        " max(warmup, timeout) s after the start at the earliest",
+    )
     action: str = key(
         "report",
         "on a hang, after every rank's stack is saved: report (keep running), restart (a "
         "failure under the restart policy) or fail (end the job, exit 1)",
+    )
+    grace: float = key(
+        5.0,
+        "seconds a hung job's workers get between SIGTERM and SIGKILL (restart or fail; at most"
+        " stop_grace): their stacks are saved already",
     )
 
 

@@ -9,8 +9,14 @@ thread also ran Python code since the last look: a host thread waiting for the G
 job is hung when no rank made progress for the timeout (and the attempt is past its warm-up).
 
 The verdict groups the ranks by where their main thread is (the innermost frame in the user's
-code, and the innermost call below it) and leads with the odd group out, when the ranks are not
-all in one place: a group that is not waiting in a torch.distributed call, else the smallest.
+code, and the innermost call below it) and tells waiters from suspects. A waiter waits for its
+peers or has finished: it is inside a collective or a wait (torch.distributed, FSDP, DDP's
+forward, autograd's engine, whose DDP/FSDP hooks run collectives, `torch.cuda.synchronize`, a
+C call such as `work.wait()` or `store.wait()` straight from the user's line) or has exited. A
+suspect is anywhere else: sleeping or blocked in the user's code, in a data loader, stopped
+(SIGSTOP), or not dumped. The verdict names a group as stuck only when the suspects are all in
+one place and some rank waits; otherwise (every rank waits, suspects in two places, every rank
+in one place) it says it cannot tell which rank, rather than guess.
 """
 
 from __future__ import annotations
@@ -114,15 +120,53 @@ def _base(path: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
+# Library calls that wait for the other ranks (module.function, as `library_call` names them).
+_WAITS = re.compile(
+    r"^torch\.distributed\."  # collectives, barriers, store waits, FSDP's own collectives
+    r"|^torch\.nn\.parallel\.distributed\."  # DDP's forward (buffer sync, join)
+    r"|^torch\.autograd\.(graph\._engine_run_backward|backward|grad)$"  # DDP/FSDP hooks inside
+    r"|^torch\._tensor\.backward$"
+    r"|^torch\.cuda\..*synchronize$"
+    r"|^torch\.futures\."
+)
+# A call into C on the user's line that waits for peers or the GPU: Work.wait(), store.wait(),
+# torch.cuda.synchronize(), .item() behind a collective on a GPU.
+_WAIT_CODE = re.compile(r"\.(wait|synchronize|item)\(")
+
+
 def waits_for_peers(rank: HangRank) -> bool:
-    """In a torch.distributed call (a collective, a barrier, a store wait): a victim of the
-    hang more likely than its cause."""
-    return rank.call.startswith("torch.distributed.")
+    """A waiter: inside a collective or a wait, or exited; a victim of the hang more likely than
+    its cause. Stopped, undumped and every other place are suspects."""
+    if rank.state is RankState.EXITED:
+        return True
+    if rank.state is not RankState.DUMPED:
+        return False
+    below = _calls_below_user(rank)
+    if not below and not rank.call:
+        return bool(_WAIT_CODE.search(rank.code))
+    return any(_WAITS.search(call) for call in (*below, rank.call) if call)
+
+
+def _calls_below_user(rank: HangRank) -> list[str]:
+    """The library calls between the innermost frame of the user's code and the innermost one,
+    from the main thread's stack (what `call` names is the last). Another node's ranks come
+    from the store: a stack that does not read as one counts as none."""
+    try:
+        main = next((t for t in rank.threads if t.get("main")), None)
+        if main is None:
+            return []
+        frames = [
+            Frame(filename=str(f["filename"]), lineno=int(f["lineno"]), name=str(f["name"]))
+            for f in main["frames"]
+        ]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return []
+    user = max((i for i, f in enumerate(frames) if not is_library(f.filename)), default=-1)
+    return [library_call(f) for f in frames[user + 1 :]]
 
 
 def groups(ranks: Sequence[HangRank]) -> list[tuple[str, list[HangRank]]]:
-    """The ranks grouped by place, the odd one out first: groups not waiting for their peers
-    before those that are, then the smallest."""
+    """The ranks grouped by place, suspects before waiters, then the smallest group first."""
     by_place: dict[str, list[HangRank]] = {}
     for r in sorted(ranks, key=lambda r: r.rank):
         by_place.setdefault(place(r), []).append(r)
@@ -136,15 +180,32 @@ def who(members: Sequence[HangRank]) -> str:
     return f"rank{'s' if len(members) > 1 else ''} {','.join(str(r.rank) for r in members)}"
 
 
+def suspects(grouped: Sequence[tuple[str, list[HangRank]]]) -> tuple[frozenset[int], str]:
+    """The ranks the evidence singles out, or none and why it cannot tell."""
+    found = [members for _, members in grouped if not waits_for_peers(members[0])]
+    if sum(len(members) for _, members in grouped) < 2:
+        return frozenset(), ""
+    if len(grouped) == 1:
+        return frozenset(), "every rank is in one place"
+    if not found:
+        return frozenset(), "every rank waits for the others or has exited"
+    if len(found) > 1:
+        return frozenset(), f"ranks in {len(found)} places are not waiting for the others"
+    return frozenset(r.rank for r in found[0]), ""
+
+
 def verdict(ranks: Sequence[HangRank], idle: float) -> tuple[str, frozenset[int]]:
-    """The one-line verdict and the odd ranks out (empty when all are in one place)."""
+    """The one-line verdict and the ranks it names as stuck (none when it cannot tell)."""
     grouped = groups(ranks)
-    odd = frozenset(r.rank for r in grouped[0][1]) if len(grouped) > 1 else frozenset()
+    odd, why = suspects(grouped)
     parts = [
         f"{who(members)} {where}" + (" (stuck here)" if members[0].rank in odd else "")
         for where, members in grouped
     ]
-    return f"hang after {idle:.0f} s without progress: " + "; ".join(parts), odd
+    head = f"hang after {idle:.0f} s without progress"
+    if why:
+        head += f"; cannot tell which rank ({why})"
+    return f"{head}: " + "; ".join(parts), odd
 
 
 _SPY_THREAD = re.compile(

@@ -13,13 +13,14 @@ from typing import TextIO
 from elastic_hydra.agent.events import (
     Event,
     Hang,
+    HangWatchStarted,
     Joining,
     MembershipChange,
     RendezvousRound,
     Restart,
     Stopping,
 )
-from elastic_hydra.plan import HangAction
+from elastic_hydra.plan import HangAction, HangSpec
 from elastic_hydra.records import RunSummary
 from elastic_hydra.rundir import RunDir
 
@@ -59,6 +60,18 @@ def progress(event: Event, *, multi_node: bool) -> None:
                 f"{RunDir.stacks_shown(event.attempt, '*')}; "
                 f"{then.get(event.action, 'stopping the job')} (hang.action={event.action})"
             )
+        case HangWatchStarted() if _set_by_user(event):
+            say(
+                f"elastic-hydra: hang watch: {event.timeout:g} s without progress on any rank is"
+                f" a hang, the first verdict {event.first_verdict:g} s after the start at the"
+                f" earliest (hang.timeout={event.timeout:g}, hang.warmup={event.warmup:g});"
+                f" then {event.action} (hang.action)"
+            )
+        case Stopping(hung=True):
+            say(
+                f"elastic-hydra: {event.signal} to the {event.workers} hung worker(s), their"
+                f" stacks saved; SIGKILL after {event.grace:g} s (hang.grace)"
+            )
         case Stopping():
             say(
                 f"elastic-hydra: {event.signal}: stopping {event.workers} worker(s), up to "
@@ -79,6 +92,17 @@ def progress(event: Event, *, multi_node: bool) -> None:
             say(f"elastic-hydra: {event.reason}; {here}")
         case MembershipChange():
             say(f"elastic-hydra: {event.reason}")
+
+
+def _set_by_user(watch: HangWatchStarted) -> bool:
+    """Whether a hang key differs from its default: the watch's timing is then said at the
+    start (with the defaults, a line on every launch would be noise; `--plan` shows it)."""
+    default = HangSpec()
+    return (watch.timeout, watch.warmup, watch.action) != (
+        default.timeout,
+        default.warmup,
+        default.action,
+    )
 
 
 def warn(text: str) -> None:

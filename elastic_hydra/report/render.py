@@ -26,7 +26,7 @@ from rich.traceback import Trace, Traceback
 from elastic_hydra import tracebacks
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.hangs import verdict
-from elastic_hydra.plan import Dynamic, LaunchPlan, RestartSpec, Standalone, Static
+from elastic_hydra.plan import Dynamic, HangAction, LaunchPlan, RestartSpec, Standalone, Static
 from elastic_hydra.records import (
     FailureRecord,
     FailureSource,
@@ -65,6 +65,7 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
         "role": plan.role,
         "restart": describe_restart(plan.restart),
         "stop grace": f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)",
+        "hangs": describe_hang(plan),
         "command": shlex.join(plan.argv),
         "extra env": "\n".join(f"{k}={v}" for k, v in redact_env(plan.env)) or "(none)",
     }
@@ -110,6 +111,21 @@ def describe_rdzv(plan: LaunchPlan) -> str:
                 f"last_call_timeout {r.last_call_timeout:g} s"
             )
     return str(r)  # pragma: no cover
+
+
+def describe_hang(plan: LaunchPlan) -> str:
+    """When the first hang verdict can come, and what follows it."""
+    h = plan.hang
+    if h.timeout is None or h.first_verdict is None:
+        return "not watched (hang.timeout=null)"
+    grace = min(h.grace, plan.stop_grace)
+    after = "" if h.action is HangAction.REPORT else f"; SIGKILL {grace:g} s after SIGTERM"
+    return (
+        f"first verdict {h.first_verdict:g} s after an attempt starts at the earliest (the "
+        f"longer of hang.timeout={h.timeout:g} and hang.warmup={h.warmup:g})\n"
+        f"a hang: no progress on any rank for {h.timeout:g} s (hang.timeout)\n"
+        f"then {h.action} (hang.action){after}{' (hang.grace)' if after else ''}"
+    )
 
 
 def describe_restart(spec: RestartSpec) -> str:
@@ -320,10 +336,16 @@ def _root_cause(
     return parts
 
 
+_PLACES_SHOWN = 4  # stacks shown for a hang whose verdict cannot tell which rank
+
+
 def hang_section(hang: HangRecord, *, plain: bool) -> list[RenderableType]:
-    """The odd ranks' main-thread stacks (the others' are in their stacks.txt)."""
+    """The main-thread stacks of the ranks the verdict names as stuck or, when it cannot tell,
+    of one rank per place (the others' are in their stacks.txt)."""
     parts: list[RenderableType] = []
-    shown = [r for r in hang.ranks if r.odd] or list(hang.ranks[:1])
+    shown = [r for r in hang.ranks if r.odd] or [
+        members[0] for _, members in verdict.groups(hang.ranks)[:_PLACES_SHOWN]
+    ]
     for r in shown:
         where = f"rank {r.rank} (local rank {r.local_rank}) on {r.host}, pid {r.pid}: {r.state}"
         parts.append(Text(where, style="bold yellow"))

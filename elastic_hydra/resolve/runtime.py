@@ -215,4 +215,9 @@ def resolve_hang(h: HangConf) -> HangSpec:
             "hang.action", "not a hang action", h.action, "expected report, restart or fail"
         ) from None
     timeout = None if h.timeout is None else seconds("hang.timeout", h.timeout)
-    return HangSpec(timeout=timeout, warmup=seconds("hang.warmup", h.warmup, True), action=action)
+    return HangSpec(
+        timeout=timeout,
+        warmup=seconds("hang.warmup", h.warmup, True),
+        action=action,
+        grace=seconds("hang.grace", h.grace, True),
+    )

@@ -16,6 +16,7 @@ from elastic_hydra.agent.events import (
     ExitBarrier,
     Finish,
     Hang,
+    HangWatchStarted,
     Joining,
     MembershipChange,
     NewerFormatError,
@@ -89,10 +90,21 @@ SAMPLES: list[tuple[Event, str]] = [
         '{"event": "stopping", %s, "signal": "SIGTERM", "workers": 2, "grace": 30.0}',
     ),
     (
+        Stopping(**AT, signal="SIGTERM", workers=3, grace=5.0, hung=True),
+        '{"event": "stopping", %s, "signal": "SIGTERM", "workers": 3, "grace": 5.0, '
+        '"hung": true}',
+    ),
+    (
         Stop(**AT, reason="rank 1 exit code 1", signal="SIGTERM", stopped_ranks=(0,),
              paused_ranks=(), stuck_pids=(7,)),
         '{"event": "stop", %s, "reason": "rank 1 exit code 1", "signal": "SIGTERM", '
         '"stopped_ranks": [0], "paused_ranks": [], "stuck_pids": [7]}',
+    ),
+    (
+        HangWatchStarted(**AT, timeout=120.0, warmup=0.0, first_verdict=120.0,
+                         action=HangAction.REPORT),
+        '{"event": "hang_watch", %s, "timeout": 120.0, "warmup": 0.0, "first_verdict": 120.0, '
+        '"action": "report"}',
     ),
     (
         Hang(**AT, verdict="all ranks wait in all_reduce", action=HangAction.RESTART, idle=61.5,
@@ -255,6 +267,11 @@ def test_progress_lines_read_the_typed_events(capsys: pytest.CaptureFixture[str]
         "elastic-hydra: the workers hung: restart 1 of 3 after exit code 1, in 2 s",
         "elastic-hydra: SIGTERM: stopping 2 worker(s), up to 30 s (stop_grace); Ctrl-C again to "
         "kill them now",
+        "elastic-hydra: SIGTERM to the 3 hung worker(s), their stacks saved; SIGKILL after 5 s "
+        "(hang.grace)",
+        "elastic-hydra: hang watch: 120 s without progress on any rank is a hang, the first "
+        "verdict 120 s after the start at the earliest (hang.timeout=120, hang.warmup=0); then "
+        "report (hang.action)",
         "elastic-hydra: all ranks wait in all_reduce. Every rank's stacks: attempt_2/*/stacks.txt;"
         " stopping them (a failure) (hang.action=restart)",
     ]

@@ -168,9 +168,12 @@ def test_ranks_all_in_one_place_have_no_odd_one_and_states_are_named() -> None:
         [rank(0, file="/u/t.py", line=3), rank(1, file="/u/t.py", line=3)], 5
     )
     assert odd == frozenset() and "(stuck here)" not in text and "ranks 0,1 at t.py:3" in text
-    text, odd = verdict.verdict([rank(0, state=RankState.STOPPED), rank(1, file="/u/t.py", line=3),
-                               rank(2, file="/u/t.py", line=3)], 5)  # fmt: skip
-    assert odd == {0} and text.endswith("rank 0 stopped (stuck here); ranks 1,2 at t.py:3")
+    waiting = {"file": "/u/t.py", "line": 3, "call": "torch.distributed.barrier"}
+    text, odd = verdict.verdict([rank(0, state=RankState.STOPPED), rank(1, **waiting),
+                               rank(2, **waiting)], 5)  # fmt: skip
+    assert odd == {0}
+    assert text.endswith("rank 0 stopped (stuck here); ranks 1,2 in torch.distributed.barrier "
+                         "called from t.py:3")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- real launches
@@ -252,10 +255,11 @@ def test_a_rank_holding_the_gil_in_a_c_call_is_still_dumped(tmp_path: Path) -> N
     assert ranks[0]["code"] == "os.read(read_end, 1)"
 
 
-def test_a_stopped_rank_is_named_as_stopped(tmp_path: Path) -> None:
-    code, _, summary, _ = probe(tmp_path, "sleep", "stop", "sleep")
+def test_a_stopped_rank_is_named_as_stopped_and_the_exited_one_is_not(tmp_path: Path) -> None:
+    # Before: "rank 0 exited (stuck here); rank 1 stopped".
+    code, _, summary, _ = probe(tmp_path, "exit", "stop")
     assert code == 1
-    assert "rank 1 stopped (stuck here); ranks 0,2 at hang_probe.py" in summary["hang"]["verdict"]
+    assert summary["hang"]["verdict"].endswith("rank 1 stopped (stuck here); rank 0 exited")
 
 
 def test_a_rank_without_the_bootstrap_is_named(tmp_path: Path) -> None:

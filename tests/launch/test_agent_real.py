@@ -127,7 +127,8 @@ def test_success_writes_run_dir_events_and_overrides(tmp_path: Path) -> None:
 
     events = read_events(run_dir)
     assert kinds(events) == [
-        "joining", "rendezvous", "workers_started", "worker_exited", "worker_exited", "finish"
+        "joining", "rendezvous", "workers_started", "hang_watch", "worker_exited",
+        "worker_exited", "finish",
     ]  # fmt: skip
     for event in events:
         assert isinstance(event.wall_time, float) and isinstance(event.mono_time, float)
