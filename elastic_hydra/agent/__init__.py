@@ -4,6 +4,9 @@ One node's agent runs the loop in `executor`: rendezvous -> start workers -> mon
 policy -> finish. Everything it touches is a seam, so the loop runs the same against real
 processes (`launch.wiring`) and against fakes with a fake clock (the executor tests):
 
+- `loop_state`: how one attempt ended, and what the loop has counted so far.
+- `collateral`: failures that another node caused (its workers broke this node's collectives):
+  a bounded wait for the rendezvous to say which node left or restarted.
 - `seams`: the protocols the loop is composed of (process group, rendezvous, hang watch, clock,
   observer) and the plain data they exchange.
 - `restart_policy`: after a failure, retry (after a delay) or stop, and the config key that
