@@ -167,7 +167,7 @@ def zombies_include(parent: int, pid: int) -> bool:
 
 def test_what_each_restart_kills_is_reaped_during_the_run(tmp_path: Path) -> None:
     # Each rank leaves 2 processes in its group and exits 1; the stop kills them, re-parented to
-    # the agent (their subreaper). Unreaped, 11 attempts of 2 ranks left up to 44 zombies.
+    # the agent (their subreaper). Unreaped, they piled up: 32 zombies seen at the end here.
     marker = f"eh-zombie-{uuid.uuid4().hex}"
     proc = agent(
         tmp_path, f"script={WORKERS / 'orphans.py'}", "nproc_per_node=2",
