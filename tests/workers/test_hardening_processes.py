@@ -75,9 +75,10 @@ def agent(tmp_path: Path, *args: str, **popen: object) -> subprocess.Popen[bytes
     )
 
 
-def cgroups_left() -> list[str]:
+def cgroups_left(agent_pid: int) -> list[str]:
+    """The cgroups of the launch whose agent is `agent_pid` (others may run beside the tests)."""
     root = Path("/sys/fs/cgroup")
-    return [str(p) for p in root.rglob("elastic-hydra-*") if p.is_dir()]
+    return [str(p) for p in root.rglob(f"elastic-hydra-{agent_pid}-*") if p.is_dir()]
 
 
 # ------------------------------------------------------------- SIGKILL of the agent at start-up
@@ -143,7 +144,7 @@ def test_a_daemonized_descendant_does_not_outlive_the_job(
     expected = {"exit": 0 if mode == "ok" else 1, "SIGTERM": 143, "SIGKILL": -9}[end]
     assert code == expected
     assert_none_left(marker, "the daemon")
-    wait_for(lambda: not cgroups_left(), 10, "the launch's cgroup to be removed")
+    wait_for(lambda: not cgroups_left(proc.pid), 10, "the launch's cgroup to be removed")
 
 
 # --------------------------------------------------------------------------------------- zombies
