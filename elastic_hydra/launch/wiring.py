@@ -128,20 +128,20 @@ def console_deadline(code: int, seconds: float) -> Iterator[None]:
         timer.cancel()
 
 
-def save_summary(run: RunDir, summary: RunSummary, disk_full: str | None = None) -> RunSummary:
+def save_summary(run: RunDir, summary: RunSummary, disk_full: Sequence[str] = ()) -> RunSummary:
     """summary.json, or the same JSON on stderr when it cannot be written (the run dir was
     removed): the job's outcome and exit code stay what they are. Returns the summary saved.
 
     On a full disk it goes into the room kept for it since the start (`RunDir.reserve_end`),
-    with its message naming the full disk (as `disk_full` does, when the run already knew);
-    without its list of every failure and exit when the whole would not fit.
+    without its list of every failure and exit when the whole would not fit. Its message names
+    the full disk then, and whatever else it cost (`disk_full`: "events.jsonl stops early").
     """
-    full = _naming_the_disk(summary, disk_full) if disk_full else summary
-    on_full_disk = _naming_the_disk(summary, DISK_FULL.format(file=run.summary.name))
+    full = _naming_the_disk(summary, disk_full)
+    room = _naming_the_disk(summary, [*disk_full, ROOM_USED.format(file=run.summary.name)])
     text = _json(full)
     try:
-        if write_kept(run.summary, text, [_json(on_full_disk), _json(_short(on_full_disk))]):
-            return on_full_disk
+        if write_kept(run.summary, text, [_json(room), _json(_short(room))]):
+            return room
     except OSError as exc:
         notices.warn(f"cannot write {run.summary} ({exc.strerror}); the summary follows")
         with contextlib.suppress(OSError):
@@ -150,13 +150,16 @@ def save_summary(run: RunDir, summary: RunSummary, disk_full: str | None = None)
     return full
 
 
-# What the summary's message says when the run dir's disk filled up.
-DISK_FULL = "no space left on device in the run dir; {file} written in the room kept for it"
+DISK_FULL = "no space left on device in the run dir"  # then what it cost, in the message
+ROOM_USED = "{file} written in the room kept for it"
 SUMMARY_ROOM = 128 << 10  # bytes kept for summary.json (a summary with 20 tracebacks: ~60 KiB)
 RESULT_ROOM = 16 << 10  # result.json, which holds the summary when it fits
 
 
-def _naming_the_disk(summary: RunSummary, note: str) -> RunSummary:
+def _naming_the_disk(summary: RunSummary, costs: Sequence[str]) -> RunSummary:
+    if not costs:
+        return summary
+    note = f"{DISK_FULL}: {', '.join(costs)}"
     message = f"{summary.message}; {note}" if summary.message else note
     return dataclasses.replace(summary, message=message)
 
@@ -170,12 +173,12 @@ def _json(summary: RunSummary) -> str:
     return json.dumps(redact(summary.to_json()), indent=2, default=str) + "\n"
 
 
-def _disk_full(events: EventLog) -> str | None:
-    """What the run already knows of a full disk: the timeline that stopped early."""
+def _disk_full(events: EventLog) -> list[str]:
+    """What a full disk already cost the run: the timeline that stopped early."""
     error = events.error
     if error is None or error.errno != errno.ENOSPC:
-        return None
-    return f"no space left on device in the run dir; {events.name} stops early"
+        return []
+    return [f"{events.name} stops early"]
 
 
 def _failed_elsewhere(

@@ -232,6 +232,32 @@ def test_the_room_kept_for_a_file_takes_it_when_the_disk_is_full(tmp_path: Path)
         assert kept.read_text() == whole
 
 
+def test_a_timeline_cut_by_a_full_disk_is_named_in_the_summary(tmp_path: Path) -> None:
+    from elastic_hydra.agent.events import WorkersStarted
+    from elastic_hydra.launch import wiring
+    from elastic_hydra.records import RunStatus, RunSummary
+
+    with tmpfs(tmp_path / "disk", "size=64k") as disk:
+        run = RunDir(disk)
+        run.reserve_end(wiring.SUMMARY_ROOM // 4, wiring.RESULT_ROOM)
+        events = wiring.EventLog(run.events)
+        fill = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fill, b"\0" * 4096)
+        os.close(fill)
+        for n in range(200):  # past the last page events.jsonl has
+            events.emit(WorkersStarted(wall_time=1.0, mono_time=1.0, pids=(n,), attempt=n))
+        events.close()
+        ok = RunSummary(status=RunStatus.SUCCEEDED, exit_code=0, message="all workers exited")
+        saved = wiring.save_summary(run, ok, wiring._disk_full(events))
+        assert saved.message == (
+            "all workers exited; no space left on device in the run dir: events.jsonl stops "
+            "early, summary.json written in the room kept for it"
+        )
+        assert json.loads(run.summary.read_text())["message"] == saved.message
+
+
 # ---------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "override",
