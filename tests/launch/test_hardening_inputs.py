@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from elastic_hydra.agent.events import WorkersStarted
 from elastic_hydra.config.composed import config_hash
+from elastic_hydra.launch import wiring
+from elastic_hydra.records import RunStatus, RunSummary
 from elastic_hydra.report.events_file import read_events
-from elastic_hydra.rundir import RunDir
+from elastic_hydra.rundir import RunDir, reserve, room, write_kept
 from tests.conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
 from tests.harness import run, run_raw
 
@@ -210,8 +213,6 @@ def test_a_run_dir_removed_mid_run_keeps_the_jobs_exit_code(work: Path) -> None:
 
 
 def test_the_room_kept_for_a_file_takes_it_when_the_disk_is_full(tmp_path: Path) -> None:
-    from elastic_hydra.rundir import reserve, room, write_kept
-
     with tmpfs(tmp_path / "disk", "size=256k") as disk:
         kept, unkept = disk / "kept.json", disk / "unkept.json"
         assert reserve(kept, 8192)
@@ -233,10 +234,6 @@ def test_the_room_kept_for_a_file_takes_it_when_the_disk_is_full(tmp_path: Path)
 
 
 def test_a_timeline_cut_by_a_full_disk_is_named_in_the_summary(tmp_path: Path) -> None:
-    from elastic_hydra.agent.events import WorkersStarted
-    from elastic_hydra.launch import wiring
-    from elastic_hydra.records import RunStatus, RunSummary
-
     with tmpfs(tmp_path / "disk", "size=64k") as disk:
         run = RunDir(disk)
         run.reserve_end(wiring.SUMMARY_ROOM // 4, wiring.RESULT_ROOM)
