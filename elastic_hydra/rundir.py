@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ _ATTEMPT = "attempt_"  # attempt_<n>/<local rank>/
 _STDOUT, _STDERR, _ERROR, _FAULT = "stdout.log", "stderr.log", "error.json", "fault.log"
 _STACKS, _PROGRESS = "stacks.txt", "progress"
 _POOL = "pool.json"
+_ROOM = ".room"  # .summary.json.room: the disk space kept for summary.json since the start
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +37,8 @@ class RunDir:
     stderr.log, error.json, fault.log, stacks.txt, progress}; console.log in a pool job's. `n`
     counts every start of the worker group (restarts and membership changes), so no attempt's
     logs are ever overwritten. error.json is torch's TORCHELASTIC_ERROR_FILE; fault.log the crash
-    dump.
+    dump. While the launch runs, .summary.json.room and .result.json.room keep the disk space of
+    the files its end writes (`reserve_end`).
     """
 
     root: Path
@@ -71,6 +74,19 @@ class RunDir:
             raise NotADirectoryError(20, "Not a directory", str(root))
         return cls(root, tuple(made), logs_root)
 
+    def reserve_end(self, summary_room: int, result_room: int) -> None:
+        """Keep room on the run dir's file system for the files the end of the launch writes
+        (summary.json, result.json): a disk that fills meanwhile must not take them too. See
+        `write_kept`."""
+        reserve(self.summary, summary_room)
+        reserve(self.result, result_room)
+
+    def release_end(self) -> None:
+        """Give back the room `reserve_end` kept (a launch that ends without those files)."""
+        for path in (self.summary, self.result):
+            with contextlib.suppress(OSError):
+                room(path).unlink()
+
     def make_private(self) -> None:
         """A run dir someone else made (a sweep job's, made by Hydra's launcher)."""
         with contextlib.suppress(OSError):
@@ -83,7 +99,8 @@ class RunDir:
         else put there keeps its directory (and that directory's parents).
         """
         saved = [self.saved_config, self.saved_hydra, self.saved_overrides]
-        for path in [self.plan, self.config, self.events, self.summary, self.result, *saved]:
+        ends = [self.summary, self.result, room(self.summary), room(self.result)]
+        for path in [self.plan, self.config, self.events, *ends, *saved]:
             with contextlib.suppress(OSError):
                 path.unlink()
         with contextlib.suppress(OSError):
@@ -232,13 +249,83 @@ def write_private(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
-        with os.fdopen(fd, "w") as f:
+        # An argument that is not UTF-8 (a lone surrogate) is written back as the bytes it was.
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def room(path: Path) -> Path:
+    """Where `reserve` keeps the disk space of `path` (a hidden file beside it)."""
+    return path.with_name(f".{path.name}{_ROOM}")
+
+
+def reserve(path: Path, size: int) -> bool:
+    """Keep `size` bytes of disk for `path` until `write_kept` writes it; False where the disk
+    has no such room now. The blocks are allocated (posix_fallocate, or zeros written), so
+    writing into them later needs no new ones; a copy-on-write file system (ZFS) may still."""
+    spot = room(path)
+    try:
+        fd = os.open(spot, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            spot.unlink()
+        return False
+    return True
+
+
+def write_kept(path: Path, text: str, on_full_disk: Sequence[str] = ()) -> bool:
+    """Write `path` as `write_private` does; where that fails (a full disk), write the first of
+    `on_full_disk` (else `text`) that fits into the room `reserve` kept for it, in place, and
+    rename it to `path`.
+
+    Returns whether the kept room was needed. The room is released either way.
+
+    Raises:
+        OSError: no room was kept, or nothing fits in it (the first error).
+    """
+    spot = room(path)
+    try:
+        write_private(path, text)
+    except OSError as exc:
+        candidates = [t.encode("utf-8", "surrogateescape") for t in (on_full_disk or [text])]
+        if not _write_in_place(spot, candidates):
+            raise exc from None
+        os.replace(spot, path)
+        return True
+    with contextlib.suppress(OSError):
+        spot.unlink()
+    return False
+
+
+def _write_in_place(spot: Path, candidates: list[bytes]) -> bool:
+    """Overwrite the kept room with the first candidate that fits, cut to its length."""
+    try:
+        fd = os.open(spot, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        data = next((c for c in candidates if len(c) <= size), None)
+        if data is None:
+            return False
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.ftruncate(fd, len(data))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def open_private(path: Path) -> int:

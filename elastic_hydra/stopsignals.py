@@ -63,6 +63,8 @@ def handle_signals(flag: StopFlag) -> Iterator[None]:
     """Route the stop signals to `flag` (no KeyboardInterrupt), restoring handlers after."""
     previous = {sig: signal.signal(sig, flag.handle) for sig in STOP_SIGNALS}
     old_wake = signal.set_wakeup_fd(flag.write_fd, warn_on_full_buffer=False)
+    if flag.signum is None and (early := pending_signal()) is not None:
+        flag.handle(early, None)  # recorded after the flag was made, before it took over
     try:
         yield
     finally:

@@ -17,6 +17,7 @@ def main() -> NoReturn:
     from elastic_hydra import stopsignals
 
     stopsignals.record_early()
+    _bytes_as_typed()
     try:
         if sys.argv[1:2] == ["rdzv-server"]:  # no Hydra: the store process stays small
             from elastic_hydra.cli import rdzv_server
@@ -27,6 +28,15 @@ def main() -> NoReturn:
         run.main()
     except SystemExit as exc:
         _leave(exc)
+
+
+def _bytes_as_typed() -> None:
+    """An argument that is not UTF-8 (`-- $'\\xff'`) is a str with lone surrogates here
+    (`os.fsdecode`): print it back as the bytes it was, as Python's own C locale does, rather
+    than fail on it (`--plan`, the report)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # replaced, or closed
+            stream.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
 
 
 def _leave(exc: SystemExit) -> NoReturn:

@@ -17,7 +17,7 @@ from elastic_hydra.errors import ConfigError
 from elastic_hydra.records import JobResult, RunStatus, RunSummary
 from elastic_hydra.report import notices
 from elastic_hydra.report.events_file import EventsRead, read_events
-from elastic_hydra.rundir import LOGS_ROOT, RunDir, SweepDir, finished_runs
+from elastic_hydra.rundir import LOGS_ROOT, RunDir, SweepDir, finished_runs, running_runs
 
 REPORT_USAGE = f"""usage: elastic-hydra report [RUN_DIR | SWEEP_DIR]
 
@@ -61,9 +61,15 @@ def _read_summary(run: RunDir) -> RunSummary:
     try:
         return RunSummary.from_json(json.loads(run.summary.read_text()))
     except FileNotFoundError:
+        started = run.plan.exists() or run.events.exists()
         raise ConfigError(
             "report",
-            f"no {run.summary.name} in this directory",
+            f"no {run.summary.name} in this directory"
+            + (
+                ": the launch is still running, or was killed (SIGKILL) before its end"
+                if started
+                else ""
+            ),
             str(run.root),
             _run_dirs_below(run.root)
             or "expected the run dir of a launch (it is printed at the end of each run)",
@@ -128,9 +134,23 @@ def _latest_run(root: Path) -> Path:
             "report", "no run found under", str(root),
             "run it from the directory you launched in, or give the run dir",
         )  # fmt: skip
-    latest = max(summaries, key=lambda p: p.stat().st_mtime).parent
-    print(f"elastic-hydra report: the latest run, {latest}", file=sys.stderr)
-    return latest
+    latest = max(summaries, key=lambda p: p.stat().st_mtime)
+    print(f"elastic-hydra report: the latest run, {latest.parent}", file=sys.stderr)
+    since = latest.stat().st_mtime
+    newer = [r for r in running_runs(root) if _mtime(r.events) > since]
+    if newer:
+        newest = max(newer, key=lambda r: _mtime(r.events)).root
+        notices.warn(
+            f"a newer run dir has no summary (still running, or killed before its end): {newest}"
+        )
+    return latest.parent
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile
+        return 0.0
 
 
 def _sweep_results(sweep: Path) -> list[JobResult]:

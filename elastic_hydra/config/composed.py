@@ -99,10 +99,15 @@ def composed_job(cfg: DictConfig) -> ComposedJob:
 
 def config_hash(resolved: dict[str, Any]) -> str:
     """A digest of the job's program and arguments, resolved: a `${now:}` in them, evaluated
-    once per node, makes the nodes disagree."""
+    once per node, makes the nodes disagree.
+
+    Arguments that are not UTF-8 reach us as lone surrogates (`os.fsdecode`): "surrogatepass"
+    encodes them too (any string hashes; arguments that differ in a byte differ here), and
+    leaves the digest of every UTF-8 job as it was.
+    """
     data = {k: resolved.get(k) for k in JOB_KEYS}
     text = json.dumps(data, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def to_yaml(data: Any) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,11 @@ from elastic_hydra.config.composed import Composed, ComposedJob, to_yaml
 from elastic_hydra.config.invocation import Invocation
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.plan import LaunchPlan, to_dict
-from elastic_hydra.records import JobResult, RunSummary
+from elastic_hydra.records import JobResult, RunStatus, RunSummary, signal_name
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.report.notices import warn
 from elastic_hydra.resolve.resolver import resolve_config
-from elastic_hydra.rundir import LOGS_ROOT, PRIVATE_DIR, RunDir, write_private
+from elastic_hydra.rundir import LOGS_ROOT, PRIVATE_DIR, RunDir, write_kept, write_private
 
 
 class SweepStopped(BaseException):
@@ -130,10 +131,13 @@ class JobRunner:
             run = RunDir(Path(plan.run_dir))
             run.root.mkdir(mode=PRIVATE_DIR, exist_ok=True)
         save_config(run, ctx, job.unresolved, (job.resolved, plan))
-        if (signum := stopsignals.pending_signal()) is not None:  # stopped before anything ran
-            self._record(_result(ctx, 128 + signum, "stopped before the launch", run=run))
-            raise SweepStopped(128 + signum)
         from elastic_hydra.launch import wiring
+
+        if (signum := stopsignals.pending_signal()) is not None:  # stopped before anything ran
+            stopped = _stopped_before_the_launch(plan, signum)
+            wiring.save_summary(run, stopped)
+            self._record(_result(ctx, stopped.exit_code, stopped.message, stopped, run=run))
+            raise SweepStopped(stopped.exit_code)
 
         code, summary = wiring.run(plan)
         result = self._record(_result(ctx, code, summary.message, summary, run=run))
@@ -144,11 +148,34 @@ class JobRunner:
     def _record(self, result: JobResult) -> JobResult:
         self.results.append(result)
         path = RunDir(Path(result.run_dir)).result
+        whole, short = (
+            json.dumps(redact(r.to_json()), indent=2, default=str) + "\n"
+            for r in (result, replace(result, summary=None))  # short: fits a full disk's room
+        )
         try:
-            write_private(path, json.dumps(redact(result.to_json()), indent=2, default=str) + "\n")
+            write_kept(path, whole, [whole, short])
         except OSError as exc:  # the run dir was removed or the disk is full: the code counts
             warn(f"cannot write {path.name} ({exc.strerror}: {exc.filename})")
         return result
+
+
+def _stopped_before_the_launch(plan: LaunchPlan, signum: int) -> RunSummary:
+    """The summary of a launch that a signal stopped after its run dir was made, before any
+    worker started (Ctrl-C during the start-up): `report` shows it like any other."""
+    from elastic_hydra.launch.worker_factory import host_name
+    from elastic_hydra.report.summary import entrypoint_name
+
+    return RunSummary(
+        status=RunStatus.STOPPED,
+        exit_code=128 + signum,
+        message="stopped before the launch",
+        entrypoint=entrypoint_name(plan),
+        started=time.time(),
+        host=host_name(),
+        run_id=plan.torch_run_id,
+        run_dir=plan.run_dir,
+        signal=signal_name(signum),
+    )
 
 
 def _result(

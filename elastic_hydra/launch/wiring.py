@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -33,7 +34,7 @@ from elastic_hydra.rendezvous.local import LocalRendezvous
 from elastic_hydra.report import notices
 from elastic_hydra.report.failure_files import read_failure
 from elastic_hydra.report.summary import summarize
-from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_private
+from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_kept
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment, become_subreaper
@@ -75,6 +76,7 @@ class EventLog:
         self.events: list[Event] = []
         self.echo = echo
         self.multi_node = multi_node
+        self.error: OSError | None = None  # why the timeline stops early
 
     def emit(self, event: Event) -> None:
         self.events.append(event)
@@ -83,6 +85,7 @@ class EventLog:
                 self.file.write(json.dumps(event.to_json()) + "\n")
             except OSError as exc:  # a full disk: the job goes on, the timeline stops here
                 notices.warn(f"cannot write {self.name} ({exc.strerror}); no more events saved")
+                self.error = exc
                 self._close_file()
         if self.echo:
             notices.progress(event, multi_node=self.multi_node)
@@ -125,17 +128,57 @@ def console_deadline(code: int, seconds: float) -> Iterator[None]:
         timer.cancel()
 
 
-def save_summary(run: RunDir, summary: RunSummary) -> None:
+def save_summary(run: RunDir, summary: RunSummary, disk_full: Sequence[str] = ()) -> RunSummary:
     """summary.json, or the same JSON on stderr when it cannot be written (the run dir was
-    removed, the disk is full): the job's outcome and exit code stay what they are."""
-    text = json.dumps(redact(summary.to_json()), indent=2, default=str) + "\n"
+    removed): the job's outcome and exit code stay what they are. Returns the summary saved.
+
+    On a full disk it goes into the room kept for it since the start (`RunDir.reserve_end`),
+    without its list of every failure and exit when the whole would not fit. Its message names
+    the full disk then, and whatever else it cost (`disk_full`: "events.jsonl stops early").
+    """
+    full = _naming_the_disk(summary, disk_full)
+    room = _naming_the_disk(summary, [*disk_full, ROOM_USED.format(file=run.summary.name)])
+    text = _json(full)
     try:
-        write_private(run.summary, text)
+        if write_kept(run.summary, text, [_json(room), _json(_short(room))]):
+            return room
     except OSError as exc:
         notices.warn(f"cannot write {run.summary} ({exc.strerror}); the summary follows")
         with contextlib.suppress(OSError):
             sys.stderr.write(text)
             sys.stderr.flush()
+    return full
+
+
+DISK_FULL = "no space left on device in the run dir"  # then what it cost, in the message
+ROOM_USED = "{file} written in the room kept for it"
+SUMMARY_ROOM = 128 << 10  # bytes kept for summary.json (a summary with 20 tracebacks: ~60 KiB)
+RESULT_ROOM = 16 << 10  # result.json, which holds the summary when it fits
+
+
+def _naming_the_disk(summary: RunSummary, costs: Sequence[str]) -> RunSummary:
+    if not costs:
+        return summary
+    note = f"{DISK_FULL}: {', '.join(costs)}"
+    message = f"{summary.message}; {note}" if summary.message else note
+    return dataclasses.replace(summary, message=message)
+
+
+def _short(summary: RunSummary) -> RunSummary:
+    """The summary without its lists (every failure and exit): what fits a full disk's room."""
+    return dataclasses.replace(summary, failures=(), job_failures=(), exits=(), peer_failures=())
+
+
+def _json(summary: RunSummary) -> str:
+    return json.dumps(redact(summary.to_json()), indent=2, default=str) + "\n"
+
+
+def _disk_full(events: EventLog) -> list[str]:
+    """What a full disk already cost the run: the timeline that stopped early."""
+    error = events.error
+    if error is None or error.errno != errno.ENOSPC:
+        return []
+    return [f"{events.name} stops early"]
 
 
 def _failed_elsewhere(
@@ -181,6 +224,8 @@ def _report(
             render.print_failure(summary)
         elif not plan.logs.quiet:
             notices.succeeded(summary)
+        if outcome.status is Status.SUCCEEDED and summary.message != outcome.reason:
+            notices.warn(summary.message)  # what went wrong on the way: a full disk
 
 
 def _execute(
@@ -209,6 +254,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
     run_dir.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    run_dir.reserve_end(SUMMARY_ROOM, RESULT_ROOM)
     started, started_at = time.monotonic(), time.time()
     flag = StopFlag(stopsignals.pending_signal())
     events = EventLog(
@@ -237,15 +283,17 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             status=RunStatus.CONFIG_ERROR, exit_code=exc.exit_code, message=exc.line()
         )
         save_summary(run_dir, error)
+        run_dir.release_end()  # no result.json follows
         raise
     except BaseException as exc:  # a bug in the launcher: still leave a summary behind
         error = RunSummary(
             status=RunStatus.ERROR, exit_code=EXIT_BUG, message=f"{type(exc).__name__}: {exc}"
         )
         save_summary(run_dir, error)
+        run_dir.release_end()
         raise
     finally:
-        contain.kill_all()  # what left the workers' groups: daemons, setsid children
+        contain.kill_all(keep=[guard.pid])  # what left the workers' groups: daemons, setsid
         contain.close()
         guard.close()
         if rdzv is not None:
@@ -260,6 +308,6 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
         duration=time.monotonic() - started,
         job_failures=job_failures,
     )
-    save_summary(run_dir, summary)
+    summary = save_summary(run_dir, summary, _disk_full(events))
     _report(plan, outcome, summary, factory.sink)
     return outcome.exit_code, summary

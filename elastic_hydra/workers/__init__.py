@@ -6,7 +6,7 @@
 - `guard`: a small process of its own that kills the workers' groups if the agent dies, even
   by SIGKILL.
 - `contain`: every descendant of the workers, daemons included, found and stopped at the end
-  (child subreaper, cgroup when there is one).
+  (child subreaper, cgroup when there is one); those the agent inherits are reaped as they end.
 - `console`: worker output to the console as whole lines with a rank prefix; a stalled terminal
   costs console lines (counted), never log-file bytes.
 - `bootstrap`: runs inside the worker's interpreter (the standard library only): the user's

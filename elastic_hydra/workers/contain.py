@@ -12,8 +12,11 @@ it again:
   descendant's `/proc/PID/environ` keeps what it inherited. A process that rewrites or clears its
   environment before it daemonizes escapes this fallback; `ELASTIC_HYDRA_CGROUP=off` forces it.
 
-The agent is also a child subreaper, so orphaned descendants become its children, not init's, and
-it reaps the ones it kills.
+The agent is also a child subreaper, so orphaned descendants become its children, not init's.
+It must then reap them too, or every restart leaves zombies behind (a DataLoader's workers, a
+checkpoint uploader: each ended one holds a pid until the agent exits, and containers have a few
+thousand). `reap_orphans` reaps every ended child the agent did not start itself, and leaves alone
+the ones whose exit status their owner reads (the workers, the guard).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 from elastic_hydra.agent.worker_env import RUN_DIR as RUN_DIR_ENV
@@ -63,12 +67,14 @@ class Containment:
         marker = f"\0{RUN_DIR_ENV}={self.tag}\0".encode()
         return [pid for pid in _pids() if marker in _environ(pid)]
 
-    def kill_all(self) -> list[int]:
-        """SIGKILL every member, wait for them (bounded), reap those re-parented to the agent.
+    def kill_all(self, keep: Collection[int] = ()) -> list[int]:
+        """SIGKILL every member, wait for them (bounded), reap those re-parented to the agent
+        (every ended child but those in `keep`: see `reap_orphans`).
 
         Returns the pids that were still alive (an empty list after a clean job).
         """
         found = self.members()
+        reap_orphans(keep)
         if not found:
             return []
         if self.cgroup is not None:
@@ -79,10 +85,9 @@ class Containment:
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + _KILL_WAIT
         while True:
-            for pid in found:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)  # ours only if it was re-parented to us
+            reap_orphans(keep)
             if not self.members() or time.monotonic() > deadline:
+                reap_orphans(keep)
                 return found
             time.sleep(0.01)
 
@@ -94,6 +99,46 @@ class Containment:
     def guard_args(self) -> list[str]:
         """What the guard process needs to do the same after the agent's death."""
         return [str(self.cgroup or ""), f"{RUN_DIR_ENV}={self.tag}"]
+
+
+def reap_orphans(keep: Collection[int] = ()) -> list[int]:
+    """Reap the ended children of this process that it did not start: the workers' descendants
+    re-parented to it (it is their subreaper). Returns their pids.
+
+    Left alone, so that their owners still read their exit status: the pids in `keep` (the
+    workers not yet reaped, the guard) and any child in this process's own session (what a
+    `subprocess.run` of the agent started). No worker's descendant is in that session: every
+    worker starts a session of its own, and a process can only leave a session for a new one.
+    Cheap when nothing ended: one waitid() that reaps nothing, and no /proc scan.
+    """
+    try:
+        if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return []
+    except ChildProcessError:  # no children at all
+        return []
+    me, session = os.getpid(), os.getsid(0)
+    reaped = []
+    for pid in _pids():
+        # Fields after the command name: state ppid pgrp session ...
+        fields = _stat(pid)
+        if len(fields) < 4 or fields[0] != b"Z" or int(fields[1]) != me:
+            continue
+        if pid in keep or int(fields[3]) == session:
+            continue
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.append(pid)
+    return reaped
+
+
+def _stat(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields after the command name (which may hold spaces); [] if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return []
+    return stat[stat.rfind(b")") + 2 :].split()
 
 
 def _make_cgroup() -> Path | None:

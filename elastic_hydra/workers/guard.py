@@ -43,6 +43,11 @@ class GroupGuard:
         )
         os.close(read_fd)
 
+    @property
+    def pid(self) -> int:
+        """The guard's own pid: its exit status is read by `close`, never by the reaper."""
+        return self._proc.pid
+
     def _send(self, line: str) -> None:
         with contextlib.suppress(BrokenPipeError):
             write_all(self._write_fd, f"{line}\n".encode())

@@ -3,6 +3,9 @@
 Each worker runs in its own session (so a stop reaches its grandchildren through the process group)
 and dies with the agent (PR_SET_PDEATHSIG). Exits are seen through pidfds in a selector, so a
 failure wakes the agent at once instead of at the next poll; the same selector pumps teed output.
+Whatever the workers leave behind and the agent inherits as their subreaper is reaped as it ends
+(at least once a second while the workers run, and after every stop): never the workers
+themselves or the guard, whose exit status is read here.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from elastic_hydra.errors import LogWriteError, WorkerStartError
 from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
 from elastic_hydra.stopsignals import drain
 from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
-from elastic_hydra.workers.contain import Containment
+from elastic_hydra.workers.contain import Containment, reap_orphans
 from elastic_hydra.workers.guard import GroupGuard
 
 _PR_SET_PDEATHSIG = 1
 _KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
+_REAP_EVERY = 1.0  # seconds between looks for ended orphans while the workers run
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,8 +251,9 @@ class LocalWorkers:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            exited, woken = self._poll(left)
+            left = _REAP_EVERY if deadline is None else max(0.0, deadline - time.monotonic())
+            exited, woken = self._poll(min(left, _REAP_EVERY))
+            self.reap_orphans()
             if self.log_error is not None and not self._log_error_seen:
                 self._log_error_seen = True  # once: the stop that follows keeps pumping
                 raise LogWriteError(self.log_error)
@@ -256,6 +261,11 @@ class LocalWorkers:
                 return exited
             if not self.running() and not any(w.pipes for w in self.workers):
                 return exited
+
+    def reap_orphans(self) -> None:
+        """Reap the ended descendants the agent inherited, never a worker or the guard."""
+        own = [w.pid for w in self.workers if w.proc.returncode is None]
+        reap_orphans([*own, *([self._guard.pid] if self._guard is not None else [])])
 
     def _poll(self, timeout: float | None) -> tuple[list[Exited], bool]:
         exited: list[Exited] = []
@@ -321,6 +331,7 @@ class LocalWorkers:
                 w.signal_group(signal.SIGKILL)
             exited += self._wait_groups(_KILL_WAIT)
         stuck = [w.pid for w in self.workers if w.exited is None or w.group_alive()]
+        self.reap_orphans()  # what the stop killed, re-parented to the agent
         return exited, stuck
 
     def _wait_groups(
@@ -357,6 +368,7 @@ class LocalWorkers:
             # Reap: never leave zombies. One still running is stuck in the kernel (see stop()).
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(timeout=0 if w.exited else 0.1)
+        self.reap_orphans()
         if self._guard is not None and not any(w.group_alive() for w in self.workers):
             self._guard.forget_all()
         self._sel.close()

@@ -120,6 +120,27 @@ def test_report_of_a_directory_without_a_summary_is_one_line(tmp_path: Path) -> 
         assert line.startswith("elastic-hydra: error: report:"), line
 
 
+def test_report_says_a_run_dir_without_a_summary_is_running_or_was_killed(tmp_path: Path) -> None:
+    done = tmp_path / "eh_logs" / "2026-11-25" / "10-00-00-000000_vm"
+    killed = tmp_path / "eh_logs" / "2026-11-25" / "11-00-00-000000_vm"
+    for run_dir in (done, killed):
+        run_dir.mkdir(parents=True)
+        (run_dir / "events.jsonl").write_text("")
+    summary = RunSummary(status=RunStatus.SUCCEEDED, exit_code=0, run_dir=str(done))
+    (done / "summary.json").write_text(json.dumps(summary.to_json()))
+    os.utime(done / "summary.json", (1, 1))  # the killed run's timeline is newer
+    proc = cli(tmp_path, "report", str(killed))
+    assert proc.returncode == 2
+    assert "still running, or was killed (SIGKILL) before its end" in proc.stderr
+    latest = cli(tmp_path, "report")
+    assert latest.returncode == 0, latest.stderr
+    assert f"the latest run, {done.relative_to(tmp_path)}" in latest.stderr
+    assert "a newer run dir has no summary (still running, or killed before its end): " in (
+        latest.stderr
+    )
+    assert str(killed.relative_to(tmp_path)) in latest.stderr
+
+
 def test_report_reads_what_it_can_of_a_timeline_and_says_what_it_skipped(tmp_path: Path) -> None:
     summary = RunSummary(status=RunStatus.SUCCEEDED, exit_code=0, attempts=1, run_dir=str(tmp_path))
     (tmp_path / "summary.json").write_text(json.dumps(summary.to_json()))

@@ -466,6 +466,25 @@ def test_ctrl_c_during_start_up_exits_130_quietly(tmp_path: Path, stage: str) ->
     assert returncode == 130, err.decode()[-600:]
 
 
+def test_ctrl_c_once_the_run_dir_exists_leaves_a_summary_that_report_reads(
+    tmp_path: Path,
+) -> None:
+    def run_dir_made(_pid: int) -> bool:  # eh_logs/DATE/TIME_HOST: before anything is saved
+        return any(p.is_dir() for p in (tmp_path / "eh_logs").glob("*/*"))
+
+    returncode, err = _ctrl_c_at(tmp_path, run_dir_made)
+    assert returncode == 130, err.decode()[-600:]
+    (saved,) = (tmp_path / "eh_logs").rglob("summary.json")
+    data = json.loads(saved.read_text())
+    assert (data["status"], data["exit_code"], data["signal"]) == ("stopped", 130, "SIGINT")
+    report = run_raw("report", str(saved.parent), cwd=tmp_path)
+    assert report.returncode == 1, report.stderr
+    assert b"stopped" in report.stdout
+    latest = run_raw("report", cwd=tmp_path)  # the latest run is this one
+    assert latest.returncode == 1, latest.stderr
+    assert str(saved.parent.relative_to(tmp_path)).encode() in latest.stderr
+
+
 def test_sigterm_during_restart_backoff_exits_at_once(tmp_path: Path) -> None:
     with started(
         f"script={EXIT_CODE}",

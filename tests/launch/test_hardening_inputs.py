@@ -3,7 +3,9 @@ the world's faults and hostile input each as one line (never exit 70), nothing l
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -12,10 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml  # type: ignore[import-untyped]
 
-from elastic_hydra.rundir import RunDir
+from elastic_hydra.agent.events import WorkersStarted
+from elastic_hydra.config.composed import config_hash
+from elastic_hydra.launch import wiring
+from elastic_hydra.records import RunStatus, RunSummary
+from elastic_hydra.report.events_file import read_events
+from elastic_hydra.rundir import RunDir, reserve, room, write_kept
 from tests.conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
-from tests.harness import run
+from tests.harness import run, run_raw
 
 TIMEOUT = 60
 BASE = "defaults: [elastic_hydra_base, _self_]\nscript: x.py\n"
@@ -204,6 +212,49 @@ def test_a_run_dir_removed_mid_run_keeps_the_jobs_exit_code(work: Path) -> None:
     assert "Traceback" not in err
 
 
+def test_the_room_kept_for_a_file_takes_it_when_the_disk_is_full(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "disk", "size=256k") as disk:
+        kept, unkept = disk / "kept.json", disk / "unkept.json"
+        assert reserve(kept, 8192)
+        fill = disk / "fill"
+        fd = os.open(fill, os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        with pytest.raises(OSError, match="No space left on device"):
+            write_kept(unkept, "{}")  # no room was kept for it
+        whole, short = "x" * 10_000, "short\n"
+        assert write_kept(kept, whole, [whole, short])  # the first that fits the room: 8192 B
+        assert kept.read_text() == short
+        assert not room(kept).exists()
+        fill.unlink()
+        assert not write_kept(kept, whole)  # room enough: written the usual way
+        assert kept.read_text() == whole
+
+
+def test_a_timeline_cut_by_a_full_disk_is_named_in_the_summary(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "disk", "size=64k") as disk:
+        run = RunDir(disk)
+        run.reserve_end(wiring.SUMMARY_ROOM // 4, wiring.RESULT_ROOM)
+        events = wiring.EventLog(run.events)
+        fill = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fill, b"\0" * 4096)
+        os.close(fill)
+        for n in range(200):  # past the last page events.jsonl has
+            events.emit(WorkersStarted(wall_time=1.0, mono_time=1.0, pids=(n,), attempt=n))
+        events.close()
+        ok = RunSummary(status=RunStatus.SUCCEEDED, exit_code=0, message="all workers exited")
+        saved = wiring.save_summary(run, ok, wiring._disk_full(events))
+        assert saved.message == (
+            "all workers exited; no space left on device in the run dir: events.jsonl stops "
+            "early, summary.json written in the room kept for it"
+        )
+        assert json.loads(run.summary.read_text())["message"] == saved.message
+
+
 # ---------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "override",
@@ -254,6 +305,38 @@ def test_a_job_file_that_is_not_utf8_is_one_line(work: Path) -> None:
     (work / "bad.yaml").write_bytes(BASE.encode() + b"env:\n  A: '\xff\xfe'\n")
     line = one_error_line(run("bad.yaml", cwd=work))
     assert "not UTF-8" in line and "0xff" in line
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_arguments_that_are_not_utf8_reach_the_script_and_every_file(work: Path, code: int) -> None:
+    arg, out = os.fsdecode(b"\xff\xfe"), work / "argv.bin"  # what Python makes of the bytes
+    proc = run_raw(f"script={WORKERS / 'argv_bytes.py'}", "--", str(out), str(code), arg, cwd=work)
+    assert proc.returncode == code, proc.stderr.decode(errors="replace")
+    assert out.read_bytes() == b"\xff\xfe"
+    assert b"[default0]:\xff\xfe\n" in proc.stdout  # the console gets the bytes too
+    (run_dir,) = (p.parent for p in (work / "eh_logs").rglob("plan.json"))
+    run = RunDir(run_dir)
+    args = [str(out), str(code), arg]
+    assert json.loads(run.plan.read_text())["entrypoint"]["args"] == args  # lossless
+    for saved in (run.config, run.saved_config):
+        assert yaml.safe_load(saved.read_text())["args"] == args
+    assert yaml.safe_load(run.saved_overrides.read_text()) is not None
+    summary = json.loads(run.summary.read_text())
+    assert summary["status"] == ("succeeded" if code == 0 else "failed")
+    assert json.loads(run.result.read_text())["exit_code"] == code
+    assert read_events(run.events).skipped() is None
+    report = run_raw("report", str(run_dir), cwd=work)
+    assert report.returncode == code, report.stderr.decode(errors="replace")
+    plan = run_raw(f"script={WORKERS / 'argv_bytes.py'}", "--plan", "--", arg, cwd=work)
+    assert plan.returncode == 0, plan.stderr.decode(errors="replace")
+    assert b"\xff\xfe" in plan.stdout
+
+
+def test_the_config_hash_takes_any_argument_and_keeps_utf8_digests() -> None:
+    raw = {"args": [os.fsdecode(b"\xff\xfe")]}
+    assert config_hash(raw) != config_hash({"args": [os.fsdecode(b"\xff\xfd")]})
+    # The digest of a UTF-8 job is the one earlier releases computed: mixed nodes still agree.
+    assert config_hash({"args": ["é"]}) == "4b5c2ad82e4e9a66"
 
 
 @pytest.mark.parametrize(

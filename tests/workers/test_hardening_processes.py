@@ -8,6 +8,7 @@ launch left by a marker in its processes' command lines.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -19,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from elastic_hydra.agent.events import Stop, WorkersStarted
@@ -73,9 +75,10 @@ def agent(tmp_path: Path, *args: str, **popen: object) -> subprocess.Popen[bytes
     )
 
 
-def cgroups_left() -> list[str]:
+def cgroups_left(agent_pid: int) -> list[str]:
+    """The cgroups of the launch whose agent is `agent_pid` (others may run beside the tests)."""
     root = Path("/sys/fs/cgroup")
-    return [str(p) for p in root.rglob("elastic-hydra-*") if p.is_dir()]
+    return [str(p) for p in root.rglob(f"elastic-hydra-{agent_pid}-*") if p.is_dir()]
 
 
 # ------------------------------------------------------------- SIGKILL of the agent at start-up
@@ -141,7 +144,84 @@ def test_a_daemonized_descendant_does_not_outlive_the_job(
     expected = {"exit": 0 if mode == "ok" else 1, "SIGTERM": 143, "SIGKILL": -9}[end]
     assert code == expected
     assert_none_left(marker, "the daemon")
-    wait_for(lambda: not cgroups_left(), 10, "the launch's cgroup to be removed")
+    wait_for(lambda: not cgroups_left(proc.pid), 10, "the launch's cgroup to be removed")
+
+
+# --------------------------------------------------------------------------------------- zombies
+def zombies(pid: int) -> list[int]:
+    """The zombie children of process `pid` (the agent's: its workers and what it inherited)."""
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() == psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+    return found
+
+
+def zombies_include(parent: int, pid: int) -> bool:
+    return pid in zombies(parent)
+
+
+def test_what_each_restart_kills_is_reaped_during_the_run(tmp_path: Path) -> None:
+    # Each rank leaves 2 processes in its group and exits 1; the stop kills them, re-parented to
+    # the agent (their subreaper). Unreaped, they piled up: 32 zombies seen at the end here.
+    marker = f"eh-zombie-{uuid.uuid4().hex}"
+    proc = agent(
+        tmp_path, f"script={WORKERS / 'orphans.py'}", "nproc_per_node=2",
+        "restart.max_restarts=10", "--", "exit", "1", marker,
+    )  # fmt: skip
+    most, deadline = 0, time.monotonic() + TIMEOUT
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            most = max(most, len(zombies(proc.pid)))
+            time.sleep(0.005)  # a sample of the agent's children, not a wait for it
+        code = proc.wait(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert code == 1
+    (summary,) = (tmp_path / "logs").rglob("summary.json")
+    assert json.loads(summary.read_text())["restarts"] == 10
+    assert most <= 6, f"{most} zombie children of the agent at once"  # one attempt's at most
+    assert_none_left(marker, "the workers' children")
+
+
+def test_orphans_that_end_while_the_workers_run_are_reaped(tmp_path: Path) -> None:
+    # A worker that double-forks short-lived helpers: each ended one is the agent's child.
+    marker, done = f"eh-zombie-{uuid.uuid4().hex}", tmp_path / "done"
+    proc = agent(
+        tmp_path, f"script={WORKERS / 'orphans.py'}", "--", "brief", "20", marker, str(done)
+    )
+    try:
+        wait_for(done.exists, 20, "the worker to leave its orphans")
+        wait_for(
+            lambda: not zombies(proc.pid), 5, "the agent to reap them",
+            detail=lambda: f"{len(zombies(proc.pid))} zombie children of the agent",
+        )  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=TIMEOUT) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_reaper_leaves_the_status_of_children_it_did_not_inherit_to_their_owners() -> None:
+    # This test process is no subreaper: its own children stand for what the agent inherits (a
+    # session of their own, as a worker's descendants have) and for what it started itself.
+    kept = subprocess.Popen(["sh", "-c", "exit 3"], start_new_session=True)  # a worker
+    own = subprocess.Popen(["sh", "-c", "exit 4"])  # a subprocess.run of the agent's
+    orphan = subprocess.Popen(["sh", "-c", "exit 5"], start_new_session=True)
+    for child in (kept, own, orphan):
+        wait_for(functools.partial(zombies_include, os.getpid(), child.pid), 10, "its end")
+    reaped = contain.reap_orphans(keep=[kept.pid])
+    assert orphan.pid in reaped and kept.pid not in reaped and own.pid not in reaped
+    orphan.returncode = 5  # reaped: nothing left for its Popen to wait for
+    assert kept.wait(timeout=5) == 3  # their owners still read their exit status
+    assert own.wait(timeout=5) == 4
 
 
 def test_the_next_launch_removes_the_cgroups_of_agents_killed_with_their_guard(
@@ -332,6 +412,29 @@ def test_a_disk_that_fills_mid_run_stops_the_job_with_a_named_reason(
     assert "cannot write the workers' logs: No space left on device" in text
     assert "internal error" not in text and "Traceback" not in text
     assert_none_left(marker, "the workers after a full disk")
+    (summary,) = small_disk.rglob("summary.json")  # written in the room kept for it
+    assert json.loads(summary.read_text())["status"] == "failed"
+    assert not list(small_disk.rglob(".*.room"))
+
+
+def test_a_disk_the_worker_fills_keeps_the_summary_and_the_report_names_it(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    proc = subprocess.run(
+        [*ELASTIC_HYDRA, f"logs.root={small_disk}", f"script={WORKERS / 'fill_disk.py'}",
+         "--", str(small_disk / "filler")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+    (summary,) = small_disk.rglob("summary.json")
+    saved = json.loads(summary.read_text())
+    assert saved["status"] == "succeeded"
+    assert "no space left on device" in saved["message"]
+    assert "no space left on device" in proc.stderr.splitlines()[-1]  # the final message
+    (result,) = small_disk.rglob("result.json")
+    assert json.loads(result.read_text())["exit_code"] == 0
+    assert not list(small_disk.rglob(".*.room"))  # the kept room is released
 
 
 def test_console_sink_counts_what_a_stalled_console_missed() -> None:
