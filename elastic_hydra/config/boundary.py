@@ -3,10 +3,10 @@
 Every path composes a job here, on one search path (elastic-hydra's presets, then the job file's
 directory, then the job's own `hydra.searchpath`): `--plan`, a launch, each job of a sweep and the
 tests; `sweep_jobs` composes every job of a sweep as Hydra's basic sweeper and launcher will, for
-`--plan` of a sweep. A plain launch composes once and runs Hydra's job runner itself; sweeps and Hydra's own
-flags (`--cfg`, `--help`, `--info`, shell completion) go through Hydra's dispatcher with the same
-search path. Hydra's errors reach the caller as exceptions (no multi-line report, no exit 1): the
-patch that does it lasts only while Hydra runs.
+`--plan` of a sweep. A plain launch composes once and runs Hydra's job runner itself; sweeps and
+Hydra's own flags (`--cfg`, `--help`, `--info`, shell completion) go through Hydra's dispatcher
+with the same search path. Hydra's errors reach the caller as exceptions (no multi-line report,
+no exit 1): the patch that does it lasts only while Hydra runs.
 
 hydra-core's internals are used only within the supported range; outside it, everything goes
 through the public `hydra.main` (two compositions per launch, the same results).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -20,6 +21,8 @@ TRACEBACK = b"Traceback (most recent call last):"
 # The last line of a traceback that only says a peer of a collective is gone: never a root cause.
 COLLATERAL = (b"Connection closed by peer", b"Connection reset by peer")
 _MAX_HELD = 1 << 20  # a traceback longer than this is forwarded as it is
+# torch.distributed's excepthook starts each line of a traceback with the rank: "[rank0]: ".
+_TORCH_RANK = re.compile(rb"\[rank\d+\]: ?")
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -179,17 +182,20 @@ class LinePrefixer:
         the header that is not indented), collateral ones folded into it."""
         shown: list[bytes] = []
         for line in lines:
+            tag = _TORCH_RANK.match(line)
+            body = line[tag.end() :] if tag else line
             if not self.held:
-                if line.rstrip() == TRACEBACK:
+                if body.rstrip() == TRACEBACK:
                     self.held, self.held_size = [line], len(line)
                 else:
                     shown.append(line)
                 continue
             self.held.append(line)
             self.held_size += len(line)
-            if line[:1] in (b" ", b"\t") and self.held_size <= _MAX_HELD:
-                continue  # a frame
-            if line[:1] not in (b" ", b"\t") and any(c in line for c in COLLATERAL):
+            frame = body[:1] in (b" ", b"\t")
+            if frame and self.held_size <= _MAX_HELD:
+                continue
+            if not frame and any(c in body for c in COLLATERAL):
                 shown.append(line + self._folded(len(self.held)))
             else:
                 shown += self.held

@@ -62,6 +62,16 @@ def test_a_collateral_traceback_is_one_line_naming_the_log() -> None:
     ]
 
 
+def test_a_traceback_that_torch_tagged_with_its_rank_folds_the_same() -> None:
+    """torch.distributed's excepthook starts every line with "[rank0]: " (measured: a survivor
+    of a node killed mid all_reduce, gloo's "Connection reset by peer")."""
+    tagged = b"".join(b"[rank0]: " + ln + b"\n" for ln in COLLATERAL_TB.splitlines())
+    (line,) = shown(tagged).splitlines()
+    assert line.startswith(b"[r1]:[rank0]: " + GLOO + b"  (collateral: a peer went away;")
+    untagged = b"[rank0]: Traceback (most recent call last):\n[rank0]:   File x\n[rank0]: E: y\n"
+    assert len(shown(untagged).splitlines()) == 3  # not collateral: whole
+
+
 def test_the_same_traceback_in_pieces_folds_the_same() -> None:
     whole = shown(COLLATERAL_TB)
     pieces = [COLLATERAL_TB[i : i + 7] for i in range(0, len(COLLATERAL_TB), 7)]
