@@ -136,7 +136,7 @@ def _scan(argv: list[str], hydra_flags: HydraFlags) -> _Words:
             w.overrides.append(keep_as_typed(arg))
             i += 1
         else:
-            if not w.short_m:  # after -m, a dotted word is torchrun's module name
+            if not w.short_m and "module" not in w.given:  # else a module's dotted name
                 _refuse_key_without_value(arg)
             w.script, w.script_args = arg, tuple(argv[i + 1 :])
             break

@@ -607,3 +607,4 @@ def test_a_script_named_like_a_key_is_still_a_script(workdir: Path) -> None:
     assert "script='hp.tool'" in invocation("--nproc-per-node=2", "hp.tool").overrides
     assert "script='env.py'" in invocation("--nproc-per-node=2", "env.py").overrides
     assert invocation("-m", "env.mod").torchrun  # torchrun's -m: a module's name
+    assert invocation("--module", "env.mod").torchrun
