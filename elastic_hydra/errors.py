@@ -17,6 +17,11 @@ EXIT_CONFIG = 2
 EXIT_RENDEZVOUS = 3
 EXIT_BUG = 70  # a bug in elastic-hydra, and nothing else (sysexits' EX_SOFTWARE)
 
+# How the errors (and the docs: tests/test_docs.py compares) tell a user to install PyTorch for
+# torch's rendezvous backends. Pinned to the release the tests run: a bare `torch` takes whatever
+# is newest, and on these machines several GB of CUDA wheels (DESIGN section 9).
+TORCH_INSTALL = "pip install torch==2.13.0"
+
 # What a call on a rendezvous store raises when the store is gone, too slow, or lacks the key, and
 # what its untrusted values raise when they do not parse: torch's c10d store raises DistStoreError
 # and DistNetworkError (RuntimeError subclasses) and OSError (TimeoutError, ConnectionError among

@@ -4,7 +4,7 @@ Run it with elastic-hydra (or torchrun, unchanged):
 
     elastic-hydra examples/jobs/ddp.yaml
     elastic-hydra examples/jobs/ddp.yaml hp.crash_at_step=7     # rank 1 fails once, then resumes
-    torchrun --nproc-per-node=2 examples/ddp_train.py --steps 20 --ckpt c.pt --out w.pt
+    torchrun --nproc-per-node=2 examples/ddp_train.py --steps 20 --dir runs/ddp
 
 - gloo on CPU, nccl when CUDA is present (one GPU per local rank).
 - A linear model on synthetic data: the batch of step s on rank r is drawn from a generator seeded
@@ -13,6 +13,10 @@ Run it with elastic-hydra (or torchrun, unchanged):
   os.replace: a reader sees the old checkpoint or the new one, never half of one). Every rank
   resumes from the checkpoint when it exists, so a restarted group continues where it stopped and
   ends with the same weights, bit for bit, as an uninterrupted run.
+- The checkpoint and the final weights go to `--dir`, by default this launch's own run
+  directory, `$ELASTIC_HYDRA_RUN_DIR`: fresh for every launch and every job of a sweep (a second
+  run, or a sweep's next job, never resumes another's checkpoint), and the same for every restart
+  of one launch. Name a `--dir` to share one checkpoint between launches.
 - `--crash-at-step S`: rank 1 exits with code 1 at step S on the first attempt only
   (TORCHELASTIC_RESTART_COUNT == "0"), to show a restart.
 """
@@ -36,15 +40,23 @@ FEATURES, BATCH = 8, 16
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
-    parser.add_argument("--ckpt", type=Path, required=True, help="checkpoint (resumed if present)")
-    parser.add_argument("--out", type=Path, required=True, help="final weights (rank 0 writes)")
+    parser.add_argument(
+        "--dir",
+        default="",
+        help="where ckpt.pt (resumed if present) and final.pt go; default: $ELASTIC_HYDRA_RUN_DIR",
+    )
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.5, help="SGD momentum (checkpointed)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--crash-at-step", type=int, default=-1, help="rank 1 exits 1 at this step (attempt 0)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    where = args.dir or os.environ.get("ELASTIC_HYDRA_RUN_DIR", "")
+    if not where:
+        parser.error("--dir is needed outside elastic-hydra (no ELASTIC_HYDRA_RUN_DIR here)")
+    args.ckpt, args.out = Path(where) / "ckpt.pt", Path(where) / "final.pt"
+    return args
 
 
 def batch(seed: int, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:

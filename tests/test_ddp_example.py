@@ -28,9 +28,10 @@ STEPS, CRASH_AT = 20, 7
 DEADLINE = 150.0  # both jobs: 6 worker starts, each importing torch (~4 s of CPU apiece)
 
 
-def start_job(cwd: Path, name: str, *overrides: str) -> subprocess.Popen[str]:
-    """Launch the example job with its outputs under `name`/ and its run dir under logs_`name`/."""
-    cmd = [*ELASTIC_HYDRA, JOB, f"hp.steps={STEPS}", f"hp.dir={name}", f"logs.root=logs_{name}"]
+def start_job(cwd: Path, name: str, *overrides: str, steps: int = STEPS) -> subprocess.Popen[str]:
+    """Launch the example job with its run dir under logs_`name`/ (and its outputs there too,
+    unless the overrides name an `hp.dir`)."""
+    cmd = [*ELASTIC_HYDRA, JOB, f"hp.steps={steps}", f"logs.root=logs_{name}"]
     return subprocess.Popen(
         [*cmd, *overrides], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -73,12 +74,16 @@ def test_restarted_run_ends_with_the_same_weights(workdir: Path) -> None:
     # Both jobs at once (independent dirs and ports): the test takes the longer one's time.
     jobs = {
         "crash": start_job(
-            workdir, "crash", f"hp.crash_at_step={CRASH_AT}", "restart.max_restarts=1"
+            workdir,
+            "crash",
+            f"hp.crash_at_step={CRASH_AT}",
+            "restart.max_restarts=1",
+            "hp.dir=crash",
         ),
-        "clean": start_job(workdir, "clean"),
+        "clean": start_job(workdir, "clean"),  # outputs in its run dir, the default
     }
     results = finish(jobs, workdir)
-    (crashed, crashed_dir), (clean, _) = results["crash"], results["clean"]
+    (crashed, crashed_dir), (clean, clean_dir) = results["crash"], results["clean"]
     assert (crashed["status"], crashed["exit_code"], crashed["attempts"]) == ("succeeded", 0, 2)
     failed = [e for e in crashed["exits"] if e["returncode"] and not e["terminated_by_launcher"]]
     # Rank 1's exit comes first; rank 0 is stopped by the launcher or fails in all_reduce itself.
@@ -98,10 +103,26 @@ def test_restarted_run_ends_with_the_same_weights(workdir: Path) -> None:
     import torch  # here, not at module level: collection stays cheap
 
     a = torch.load(workdir / "crash/final.pt")
-    b = torch.load(workdir / "clean/final.pt")
+    b = torch.load(clean_dir / "final.pt")
     assert a.keys() == b.keys() == {"weight", "bias"}
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key}: {a[key]} != {b[key]}"
-    for name in ("crash", "clean"):
-        assert torch.load(workdir / name / "ckpt.pt")["step"] == STEPS
-        assert not list((workdir / name).glob(".*.tmp")), "a temporary checkpoint was left behind"
+    for where in (workdir / "crash", clean_dir):
+        assert torch.load(where / "ckpt.pt")["step"] == STEPS
+        assert not list(where.glob(".*.tmp")), "a temporary checkpoint was left behind"
+
+
+@pytest.mark.filterwarnings("ignore:Failed to initialize NumPy")
+def test_each_launch_trains_in_its_own_run_dir(workdir: Path) -> None:
+    """The example run twice in a row, as the docs show it: the second launch trains every step
+    again (its own run dir, no checkpoint of the first to resume)."""
+    runs = []
+    for name in ("first", "second"):
+        summary, run_dir = finish({name: start_job(workdir, name, steps=3)}, workdir)[name]
+        assert (summary["status"], summary["attempts"]) == ("succeeded", 1)
+        runs.append(run_dir)
+    first, second = runs
+    log = (second / "attempt_0/0/stdout.log").read_text()
+    assert "resumed" not in log and "step 3/3" in log, log  # it trained, from step 0
+    assert (first / "ckpt.pt").is_file() and (second / "final.pt").is_file()
+    assert not list(workdir.glob("runs")), "the example wrote outside its run dir"

@@ -159,7 +159,7 @@ def test_the_checkers_see_links_paths_and_anchors() -> None:
 
 # --------------------------------------------------------------- tables and commands kept equal
 
-TEST_COMMAND = re.compile(r"^(?:python3 -m pip install nox && )?nox -s ((?:\w+ ?)+)$", re.M)
+TEST_COMMAND = re.compile(r"^nox -s ((?:\w+ ?)+)$", re.M)
 
 
 def noxfile_default_sessions() -> list[str]:
@@ -306,3 +306,37 @@ def test_console_commands_run_as_shown(page: Path, tmp_path: Path) -> None:
         assert proc.returncode == command.exit_code, f"{where}\n{proc.stdout}\n{proc.stderr}"
         if command.error is not None:
             assert command.error in proc.stderr.splitlines(), f"{where}\n{proc.stderr}"
+
+
+PIP_INSTALL = re.compile(r"pip install ([^`\n#&;]*)")
+
+
+def test_the_pages_install_torch_as_the_errors_say() -> None:
+    """One install command for PyTorch, pinned: the one the launcher's errors name."""
+    from elastic_hydra.errors import TORCH_INSTALL
+
+    found = [
+        (path.name, word)
+        for path in markdown_files()
+        for m in PIP_INSTALL.finditer(path.read_text())
+        for word in m.group(1).split()
+        if re.match(r"['\"]?torch\b", word)
+    ]
+    assert found, "no page says how to install torch"
+    assert {f"pip install {word}" for _, word in found} == {TORCH_INSTALL}, found
+
+
+@pytest.mark.parametrize("page", [README, DOCS / "getting-started.md", DOCS / "development.md"],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_set_up_commands_install_into_a_virtual_environment(page: Path) -> None:
+    """A stock Debian or Ubuntu Python refuses `pip install` outside a venv
+    (externally-managed-environment): the first steps make one before they install anything."""
+    _, code = prose_and_code(page.read_text())
+    installs = [i for i, line in enumerate(code) if "pip install" in line]
+    assert installs, f"{page.name} shows no set-up command"
+    first_venv = next((i for i, line in enumerate(code) if "-m venv" in line), None)
+    assert first_venv is not None, f"{page.name} makes no virtual environment"
+    line = code[installs[0]]
+    assert installs[0] > first_venv or line.index("-m venv") < line.index("pip install"), line
+    system_pip = [line for line in code if "python3 -m pip install" in line]
+    assert not system_pip, f"{page.name}: pip of the system's Python: {system_pip}"

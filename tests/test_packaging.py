@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from elastic_hydra.errors import TORCH_INSTALL
 from tests.conftest import REPO
 
 # Never copied into the build tree: VCS data, build outputs and caches of the checkout.
@@ -26,14 +27,18 @@ SKIP = shutil.ignore_patterns(
 )  # fmt: skip
 
 
-def run(cmd: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: list[str], cwd: Path, timeout: float, expect: int = 0
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.pop("ELASTIC_HYDRA_FULL_ERROR", None)
     env["COLUMNS"] = "500"
     proc = subprocess.run(
         cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
-    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == expect, (
+        f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    )
     return proc
 
 
@@ -99,11 +104,12 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path: Path) -> None:
     assert bootstrap.name == "bootstrap.py" and bootstrap.is_relative_to(env_dir)
     assert bootstrap.is_file()
 
-    # c10d plans without torch (not a dependency): torch is imported only when a launch needs it.
+    # torch is not a dependency: c10d without it is one line naming the pinned install, exit 2,
+    # from --plan as from a launch.
     c10d = run(
-        [str(python), "-m", "elastic_hydra", "script=train.py", "rdzv=c10d", "--plan"], work, 60
+        [str(python), "-m", "elastic_hydra", "script=train.py", "rdzv=c10d", "--plan"], work, 60, 2
     )
-    assert "c10d at 127.0.0.1:29400" in c10d.stdout
+    assert "rdzv.backend: needs PyTorch" in c10d.stderr and TORCH_INSTALL in c10d.stderr
 
     # Hydra finds the installed pool launcher: a sweep of two jobs side by side.
     sweep = run(

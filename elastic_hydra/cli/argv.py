@@ -136,9 +136,26 @@ def _scan(argv: list[str], hydra_flags: HydraFlags) -> _Words:
             w.overrides.append(keep_as_typed(arg))
             i += 1
         else:
+            if not w.short_m and "module" not in w.given:  # else a module's dotted name
+                _refuse_key_without_value(arg)
             w.script, w.script_args = arg, tuple(argv[i + 1 :])
             break
     return w
+
+
+def _refuse_key_without_value(word: str) -> None:
+    """`env.BAR` or `+hp.lr` without `=`: a key of the job, not a script named so (which would
+    fail later as "script: no such file"). A file of that name is still a script."""
+    from elastic_hydra.config.schema import top_level_keys  # hydra is loaded by then anyway
+
+    name = word.lstrip("+")
+    if "/" in name or name.endswith((".py", ".sh")) or os.path.exists(word):
+        return  # a script's name, even a missing one
+    if name.split(".", 1)[0] in top_level_keys():
+        raise ConfigError(
+            name, "a key without a value", word, f"expected {name}=VALUE",
+            "A script's own arguments go after --.",
+        )  # fmt: skip
 
 
 def _script_after_dashes(w: _Words, rest: list[str]) -> bool:

@@ -2,10 +2,11 @@
 
 Every path composes a job here, on one search path (elastic-hydra's presets, then the job file's
 directory, then the job's own `hydra.searchpath`): `--plan`, a launch, each job of a sweep and the
-tests. A plain launch composes once and runs Hydra's job runner itself; sweeps and Hydra's own
-flags (`--cfg`, `--help`, `--info`, shell completion) go through Hydra's dispatcher with the same
-search path. Hydra's errors reach the caller as exceptions (no multi-line report, no exit 1): the
-patch that does it lasts only while Hydra runs.
+tests; `sweep_jobs` composes every job of a sweep as Hydra's basic sweeper and launcher will, for
+`--plan` of a sweep. A plain launch composes once and runs Hydra's job runner itself; sweeps and
+Hydra's own flags (`--cfg`, `--help`, `--info`, shell completion) go through Hydra's dispatcher
+with the same search path. Hydra's errors reach the caller as exceptions (no multi-line report,
+no exit 1): the patch that does it lasts only while Hydra runs.
 
 hydra-core's internals are used only within the supported range; outside it, everything goes
 through the public `hydra.main` (two compositions per launch, the same results).
@@ -30,7 +31,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
 from hydra.types import HydraContext, RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from elastic_hydra import slurm
 from elastic_hydra.config import schema
@@ -162,6 +163,70 @@ def compose(inv: Invocation) -> tuple[Composed, JobContext]:
         GlobalHydra.instance().clear()
 
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_jobs(inv: Invocation) -> list[tuple[Composed, JobContext]]:
+    """The jobs of a sweep, each composed exactly as its launch will be, creating nothing: the
+    grid Hydra's basic sweeper makes of the comma-separated values (and `hydra.sweeper.params`),
+    in its order, each job in its own dir of the sweep dir.
+
+    Raises:
+        ConfigError: the job picks another sweeper (it chooses its jobs while it runs).
+        HydraException, OmegaConfBaseException: the sweep does not compose.
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not internals_supported():
+        raise ConfigError(
+            "--plan", "lists a sweep's jobs with the supported hydra-core releases only",
+            hydra_version(), "plan one job: one value per key, without -m",
+        )  # fmt: skip
+    register()
+    app = _app(inv.job_dir)
+    try:
+        with _errors_raised():
+            master: DictConfig = app.compose_config(
+                inv.config_name, list(inv.overrides), RunMode.MULTIRUN, with_log_configuration=False
+            )
+            HydraConfig.instance().set_config(master)
+            sweeper = master.hydra.sweeper
+            if sweeper.get("_target_") != BASIC_SWEEPER:
+                raise ConfigError(
+                    "hydra/sweeper", "--plan lists the jobs of Hydra's basic sweeper only",
+                    str(sweeper.get("_target_")), "drop --plan, or plan one job with one value "
+                    "per key and without -m",
+                )  # fmt: skip
+            params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+            parsed = OverridesParser.create(config_loader=app.config_loader).parse_overrides(
+                [*params, *master.hydra.overrides.task]
+            )
+            grid = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+            # Resolved once, as the sweeper does: the jobs copy its ${now:} from the master.
+            sweep_dir = os.path.abspath(str(master.hydra.sweep.dir))
+            return [_sweep_job(app, master, (sweep_dir, num), job, inv) for num, job in
+                    enumerate(grid)]  # fmt: skip
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _sweep_job(
+    app: Any, master: DictConfig, where: tuple[str, int], overrides: list[str], inv: Invocation
+) -> tuple[Composed, JobContext]:
+    """Job `num` of a sweep (`where`: the sweep dir and `num`), as Hydra's basic launcher
+    composes it (`load_sweep_config`, the job number, the run dir `hydra.sweep.subdir` in the
+    sweep dir)."""
+    sweep_dir, num = where
+    cfg = app.config_loader.load_sweep_config(master, list(overrides))
+    with read_write(cfg.hydra), open_dict(cfg):
+        cfg.hydra.job.id = num
+        cfg.hydra.job.num = num
+        cfg.hydra.mode = RunMode.MULTIRUN
+    HydraConfig.instance().set_config(cfg)
+    return _view_at(cfg, inv, os.path.join(sweep_dir, str(cfg.hydra.sweep.subdir)))
+
+
 def run(inv: Invocation, runner: JobRunner) -> list[Any]:
     """Run the command: one launch, a sweep, or one of Hydra's own flags.
 
@@ -260,8 +325,11 @@ def _job_view(cfg: DictConfig, inv: Invocation) -> tuple[Composed, JobContext]:
 
     The run dir is computed (not created) from `hydra.run.dir`, with ${hydra:...} set up for it.
     """
-    run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
-    with open_dict(cfg.hydra.runtime):
+    return _view_at(cfg, inv, os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir"))))
+
+
+def _view_at(cfg: DictConfig, inv: Invocation, run_dir: str) -> tuple[Composed, JobContext]:
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):  # as Hydra's run_job does
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
     task_cfg = copy.deepcopy(cfg)

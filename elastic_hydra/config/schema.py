@@ -184,6 +184,11 @@ def schema_keys(cls: type = ElasticHydraConf, prefix: str = "") -> list[str]:
     return keys
 
 
+def top_level_keys() -> frozenset[str]:
+    """The first words of every key (`env`, `rdzv`, `nproc_per_node`, ...)."""
+    return frozenset(f.name for f in dataclasses.fields(ElasticHydraConf))
+
+
 def field_type(key: str) -> object:
     """The annotated type of a dotted key (Any below free-form mappings)."""
     kind: object = ElasticHydraConf

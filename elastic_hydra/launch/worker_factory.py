@@ -8,6 +8,7 @@ import functools
 import os
 import socket
 import sys
+from pathlib import Path
 
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
@@ -18,7 +19,7 @@ from elastic_hydra.stopsignals import StopFlag
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment
 from elastic_hydra.workers.guard import GroupGuard
-from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
+from elastic_hydra.workers.supervise import LocalWorkers, WorkerNotes, WorkerSpec
 
 STORE_FD_ENV = (
     "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
@@ -98,6 +99,11 @@ class LocalWorkerFactory:
             prefix=self._prefix(node, local_rank),
             cpus=self.plan.devices[local_rank].cpus if self.plan.devices else None,
             pass_fds=(self.store_fd,) if rank == 0 and self.store_fd is not None else (),
+            notes=WorkerNotes(
+                fault=Path(files.fault_file),
+                stacks=Path(files.stacks_file),
+                progress=Path(files.progress_file),
+            ),
         )
 
     def _env(

@@ -12,7 +12,7 @@ import sys
 from datetime import timedelta
 
 from elastic_hydra import stopsignals
-from elastic_hydra.errors import EXIT_CONFIG
+from elastic_hydra.errors import EXIT_CONFIG, TORCH_INSTALL
 from elastic_hydra.rendezvous.local import listen_socket
 
 PREFIX = "elastic-hydra rdzv-server"
@@ -40,7 +40,7 @@ def serve(host: str, port: int) -> int:
     try:
         from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
-        print(f"{PREFIX}: needs PyTorch: pip install torch", file=ERR)
+        print(f"{PREFIX}: needs PyTorch: {TORCH_INSTALL}", file=ERR)
         sock.close()
         return EXIT_CONFIG
     port = sock.getsockname()[1]

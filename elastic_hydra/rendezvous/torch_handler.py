@@ -20,7 +20,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from elastic_hydra.errors import ConfigError, RendezvousError
+from elastic_hydra.errors import TORCH_INSTALL, ConfigError, RendezvousError
 from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
 from elastic_hydra.rendezvous.local import listen_socket
 
@@ -102,7 +102,7 @@ def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
             "rdzv.backend",
             "needs PyTorch, which is not installed",
             backend.value,
-            "install it with `pip install torch` (or pick rdzv=standalone or rdzv=static)",
+            f"install it with `{TORCH_INSTALL}` (or pick rdzv=standalone or rdzv=static)",
         ) from None
     if backend is not DynamicBackend.C10D:
         try:

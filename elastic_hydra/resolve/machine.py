@@ -6,6 +6,7 @@ GPUs come from NVML when `nvidia-ml-py` is installed, else from `nvidia-smi`, el
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import resource
 import shutil
@@ -18,6 +19,15 @@ from elastic_hydra.gpus import Gpu, parse_cpus, parse_visible
 
 SYSFS = Path("/sys")
 _SMI_FIELDS = "index,uuid,name,memory.total,pci.bus_id"
+
+
+def importable(name: str) -> bool:
+    """Whether this Python would find the module `name` (asked of the import system, not
+    imported: torch costs seconds to load and may print as it does)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that fails, a finder that refuses
+        return False
 
 
 def allowed_cpus() -> tuple[int, ...]:

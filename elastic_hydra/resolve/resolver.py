@@ -2,7 +2,8 @@
 
     resolve            the plan from its parts (`resolve_config`: of a composed job, with its hash)
     resolve_entry      the entrypoint (script, module or cmd) and its arguments
-    resolve_topology   nodes and rendezvous (slurm resolves straight to c10d)
+    resolve_topology   nodes and rendezvous (slurm resolves straight to c10d), and the
+                       packages torch's backends need in this Python (`require_packages`)
     resolve_runtime    restart policy, logs, environment, role, durations
     resolve_gpus       workers per node and each worker's devices
 
@@ -37,7 +38,7 @@ from elastic_hydra.resolve.runtime import (
     resolve_role,
     seconds,
 )
-from elastic_hydra.resolve.topology import resolve_topology
+from elastic_hydra.resolve.topology import require_packages, resolve_topology
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_NPROC = 1024  # workers per node; torchrun has no bound and forks until PIDs run out
@@ -45,11 +46,12 @@ MAX_NPROC = 1024  # workers per node; torchrun has no bound and forks until PIDs
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Host(HostFacts):
-    """What resolution needs from the machine (files, programs, GPUs, CPUs, process room);
-    tests pass their own."""
+    """What resolution needs from the machine (files, programs, GPUs, CPUs, process room, the
+    packages this Python can import); tests pass their own."""
 
     machine: Machine
     process_room: Callable[[], int | None] = probe.process_room
+    importable: Callable[[str], bool] = probe.importable
     hostname: str = dataclasses.field(default_factory=socket.gethostname)
 
     @classmethod
@@ -89,6 +91,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
     """Resolve a typed job config (see `resolve_config`)."""
     _check_finite(conf)
     topology = resolve_topology(conf, host.environ)
+    require_packages(conf.rdzv.backend, topology.rdzv, host.importable)
     nproc, from_gpus = resolve_nproc(conf.nproc_per_node, host.machine)
     _check_process_room(nproc, conf.nproc_per_node, host)
     workers = resolve_devices(

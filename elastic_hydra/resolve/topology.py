@@ -6,12 +6,12 @@ the node order, the port and the run id taken from Slurm.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from elastic_hydra import slurm
 from elastic_hydra.config.schema import ElasticHydraConf, RdzvConf
-from elastic_hydra.errors import ConfigError
+from elastic_hydra.errors import TORCH_INSTALL, ConfigError
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, NodeRange, Standalone, Static
 from elastic_hydra.resolve.runtime import seconds
 
@@ -64,6 +64,31 @@ def resolve_topology(conf: ElasticHydraConf, environ: Mapping[str, str]) -> Topo
     return Topology(
         nnodes=nnodes, rdzv=_dynamic(r, DynamicBackend(r.backend), endpoint), run_id=r.id
     )
+
+
+def require_packages(
+    backend: str, rdzv: Standalone | Static | Dynamic, importable: Callable[[str], bool]
+) -> None:
+    """torch's backends run torch's rendezvous in this agent: without torch (or, for etcd,
+    python-etcd) in this Python the launch cannot start, so resolution says so, before a run
+    dir is made (and `--plan` says it too). The import itself waits for the launch.
+
+    Raises:
+        ConfigError: a package the backend needs is not installed.
+    """
+    if not isinstance(rdzv, Dynamic):
+        return
+    if not importable("torch"):
+        raise ConfigError(
+            "rdzv.backend", "needs PyTorch, which is not installed in this Python", backend,
+            f"install it with `{TORCH_INSTALL}`, or pick rdzv=standalone (one node) or "
+            "rdzv=static (fixed nodes), which need no torch",
+        )  # fmt: skip
+    if rdzv.backend is not DynamicBackend.C10D and not importable("etcd"):
+        raise ConfigError(
+            "rdzv.backend", "needs the python-etcd client, which is not installed in this Python",
+            backend, "install it with `pip install python-etcd`, or pick rdzv=c10d",
+        )  # fmt: skip
 
 
 def _require_shared_names(r: RdzvConf) -> None:

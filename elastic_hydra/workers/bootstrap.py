@@ -12,7 +12,9 @@ On an uncaught exception it writes `TORCHELASTIC_ERROR_FILE` in torch's `@record
 `@record` already wrote it), plus the exception chain as frames and a sub-second time under the
 key `elastic_hydra`, prints the traceback as Python would (without this file's or runpy's frames)
 and exits with code 1. faulthandler writes the Python stack of a crash (SIGSEGV, SIGABRT, SIGFPE,
-SIGBUS, SIGILL) to `ELASTIC_HYDRA_FAULT_FILE`.
+SIGBUS, SIGILL) to `ELASTIC_HYDRA_FAULT_FILE`. An uncaught KeyboardInterrupt (the SIGINT the
+launcher forwards on Ctrl-C) ends it as it ends `python SCRIPT`, killed by SIGINT after the atexit
+handlers, but without printing the traceback.
 
 For the agent's hang detection and `elastic-hydra stacks`: faulthandler dumps every thread's
 stack to `ELASTIC_HYDRA_STACKS_FILE` on the signal `ELASTIC_HYDRA_STACKS_SIGNAL` (from C: it
@@ -95,13 +97,29 @@ def main() -> None:
             sys.argv = sys.argv[1:]
             sys.path[0] = os.path.dirname(os.path.realpath(script))
             _run_script(script)
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        # Ctrl-C reaches the workers as the SIGINT the launcher forwards (as torchrun does).
+        # Raised on, it ends the worker as Python ends on one (atexit handlers, then killed by
+        # SIGINT: 130 in a shell), minus the traceback every rank would print.
+        sys.excepthook = _quiet_interrupt(sys.excepthook)
         raise
     except BaseException as exc:
         _strip_own_frames(exc)
         _record(exc, time.time())
         sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
+
+
+def _quiet_interrupt(hook: Any) -> Any:
+    """`hook`, silent for KeyboardInterrupt."""
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if not issubclass(kind, KeyboardInterrupt):
+            hook(kind, value, tb)
+
+    return excepthook
 
 
 def _watch_self() -> None:

@@ -1,14 +1,28 @@
-"""Worker output to the console: whole lines, each with its rank's prefix, bytes kept as is."""
+"""Worker output to the console: whole lines, each with its rank's prefix, bytes kept as is.
+
+One exception: a Python traceback that ends in a known collateral error (a collective's peer went
+away: gloo's `Connection closed by peer`) is folded into its last line on the console, naming the
+log file that keeps it whole. After a membership change or a failure on another rank, every
+surviving rank prints one; the console then shows one line per rank before the agent's own
+explanation. The log files are written before the tee and keep every byte.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections import deque
 
 _MAX_PENDING = 8 << 20  # a line longer than this is forwarded in pieces
+TRACEBACK = b"Traceback (most recent call last):"
+# The last line of a traceback that only says a peer of a collective is gone: never a root cause.
+COLLATERAL = (b"Connection closed by peer", b"Connection reset by peer")
+_MAX_HELD = 1 << 20  # a traceback longer than this is forwarded as it is
+# torch.distributed's excepthook starts each line of a traceback with the rank: "[rank0]: ".
+_TORCH_RANK = re.compile(rb"\[rank\d+\]: ?")
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -116,13 +130,22 @@ class ConsoleSink:
 
 
 class LinePrefixer:
-    """Buffers a stream until a newline, then writes each complete line with a prefix."""
+    """Buffers a stream until a newline, then writes each complete line with a prefix.
 
-    def __init__(self, prefix: bytes, sink: ConsoleSink, stream: int) -> None:
+    With `fold_into` (the stream's log file), a traceback is held until its last line, then
+    written whole, or as that line alone when it is collateral (`COLLATERAL`).
+    """
+
+    def __init__(
+        self, prefix: bytes, sink: ConsoleSink, stream: int, fold_into: str | None = None
+    ) -> None:
         self.prefix = prefix
         self.sink = sink
         self.stream = stream
         self.pending = bytearray()
+        self.fold_into = fold_into
+        self.held: list[bytes] = []  # a traceback's lines so far
+        self.held_size = 0
 
     def feed(self, data: bytes) -> None:
         cut = data.rfind(b"\n")
@@ -133,12 +156,54 @@ class LinePrefixer:
             return
         lines = bytes(self.pending) + data[:cut] if self.pending else data[:cut]
         self.pending = bytearray(data[cut + 1 :])
-        if self.prefix:
-            lines = self.prefix + lines.replace(b"\n", b"\n" + self.prefix)
-        self.sink.write(self.stream, lines + b"\n")
+        if self.fold_into is not None and (self.held or TRACEBACK in lines):
+            self._write(self._fold(lines.split(b"\n")))
+        else:
+            self._write([lines])
 
     def flush(self) -> None:
-        """Write a last line that has no newline yet."""
+        """Write what is held and a last line that has no newline yet."""
+        lines, self.held, self.held_size = self.held, [], 0
         if self.pending:
-            self.sink.write(self.stream, self.prefix + bytes(self.pending) + b"\n")
+            lines.append(bytes(self.pending))
             self.pending.clear()
+        self._write(lines)
+
+    def _write(self, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        text = b"\n".join(lines)
+        if self.prefix:
+            text = self.prefix + text.replace(b"\n", b"\n" + self.prefix)
+        self.sink.write(self.stream, text + b"\n")
+
+    def _fold(self, lines: list[bytes]) -> list[bytes]:
+        """The lines to show now: tracebacks held until their last line (the first line after
+        the header that is not indented), collateral ones folded into it."""
+        shown: list[bytes] = []
+        for line in lines:
+            tag = _TORCH_RANK.match(line)
+            body = line[tag.end() :] if tag else line
+            if not self.held:
+                if body.rstrip() == TRACEBACK:
+                    self.held, self.held_size = [line], len(line)
+                else:
+                    shown.append(line)
+                continue
+            self.held.append(line)
+            self.held_size += len(line)
+            frame = body[:1] in (b" ", b"\t")
+            if frame and self.held_size <= _MAX_HELD:
+                continue
+            if not frame and any(c in body for c in COLLATERAL):
+                shown.append(line + self._folded(len(self.held)))
+            else:
+                shown += self.held
+            self.held, self.held_size = [], 0
+        return shown
+
+    def _folded(self, count: int) -> bytes:
+        return (
+            f"  (collateral: a peer went away; traceback of {count} lines folded, whole in "
+            f"{self.fold_into})"
+        ).encode()

@@ -39,6 +39,32 @@ _REAP_EVERY = 1.0  # seconds between looks for ended orphans while the workers r
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerNotes:
+    """Files the bootstrap keeps for the agent while its worker runs. When the worker is gone
+    only those that hold something stay, so a healthy run's rank dirs hold its logs alone, and
+    a file there means something happened."""
+
+    fault: Path  # a crash's Python stack (faulthandler): kept when one was written
+    stacks: Path  # stacks the agent asked for (a hang, `elastic-hydra stacks`): kept if dumped
+    progress: Path  # the hang watch's progress note: only of use while the worker runs
+
+
+def tidy_notes(notes: WorkerNotes) -> None:
+    """Remove the notes that hold nothing: an empty crash dump, a stacks file with only its first
+    line (which thread is main), the progress note."""
+    with contextlib.suppress(OSError):
+        if notes.fault.stat().st_size == 0:
+            notes.fault.unlink()
+    with contextlib.suppress(OSError):
+        with open(notes.stacks, "rb") as f:
+            head = f.read(1 << 12)
+        if head.count(b"\n") <= 1 and len(head) < 1 << 12:
+            notes.stacks.unlink()
+    with contextlib.suppress(OSError):
+        notes.progress.unlink()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSpec:
     local_rank: int
     rank: int
@@ -51,6 +77,7 @@ class WorkerSpec:
     prefix: bytes = b""
     cpus: tuple[int, ...] | None = None  # CPU affinity; None: the agent's
     pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (rank 0's store socket)
+    notes: WorkerNotes | None = None  # tidied once the worker is gone
 
 
 # util-linux's setpriv sets the death signal and execs the worker: a ~1 ms C program, where a
@@ -152,7 +179,9 @@ class _Worker:
             assert sink is not None and self.proc.stdout and self.proc.stderr
             for stream, pipe in ((1, self.proc.stdout), (2, self.proc.stderr)):
                 os.set_blocking(pipe.fileno(), False)
-                self.pipes[pipe.fileno()] = (stream, LinePrefixer(spec.prefix, sink, stream), pipe)
+                fold = str(spec.stderr) if stream == 2 else None  # tracebacks: on stderr
+                prefixer = LinePrefixer(spec.prefix, sink, stream, fold_into=fold)
+                self.pipes[pipe.fileno()] = (stream, prefixer, pipe)
         self.exited: Exited | None = None
 
     def release(self, go: bool = True) -> None:
@@ -368,6 +397,8 @@ class LocalWorkers:
             # Reap: never leave zombies. One still running is stuck in the kernel (see stop()).
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(timeout=0 if w.exited else 0.1)
+            if w.spec.notes is not None and w.proc.returncode is not None:
+                tidy_notes(w.spec.notes)
         self.reap_orphans()
         if self._guard is not None and not any(w.group_alive() for w in self.workers):
             self._guard.forget_all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -469,3 +470,141 @@ def test_plan_warns_of_an_elastic_job_whose_store_dies_with_a_node(workdir: Path
     for safe in (["nnodes=2:4", "rdzv.is_host=false"], ["nnodes=2"]):
         proc = run(*safe, *shared, "--plan", cwd=workdir)
         assert proc.returncode == 0 and "note: nnodes" not in proc.stdout, proc.stderr
+
+
+# ------------------------------------------------------------------------------ torch not installed
+# The command run in a Python where torch cannot be imported (a finder first on sys.meta_path
+# refuses it), whatever this test environment has installed.
+WITHOUT_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+sys.argv[0] = "elastic-hydra"
+from elastic_hydra.cli.entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize("plan", [[], ["--plan"]], ids=["launch", "plan"])
+def test_a_torch_backend_without_torch_is_one_line_and_creates_nothing(
+    workdir: Path, plan: list[str]
+) -> None:
+    from elastic_hydra.errors import TORCH_INSTALL
+
+    logs = workdir / "logs"
+    args = ["script=train.py", "rdzv=c10d", f"logs.root={logs}", *plan]
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH, *args],
+        cwd=workdir,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()  # no Hydra "Error executing job" line before it
+    assert line.startswith("elastic-hydra: error: rdzv.backend: needs PyTorch"), line
+    assert f"`{TORCH_INSTALL}`" in line and "rdzv=standalone" in line
+    assert not logs.exists(), sorted(logs.rglob("*"))  # resolution refused it: no run dir
+    assert proc.stdout == ""
+
+
+# ------------------------------------------------------------------------ --plan of a sweep
+SWEPT = JOB + (
+    "args: [--lr, '${hp.learning_rate}', --ckpt, runs/ckpt.pt,"
+    " '--log=logs/${hp.learning_rate}.txt']\n"
+)
+
+
+def test_plan_of_a_sweep_says_which_paths_every_job_shares(workdir: Path) -> None:
+    (workdir / "jobs" / "swept.yaml").write_text(SWEPT)
+    before = sorted(p.name for p in workdir.iterdir())
+    proc = run("-m", "jobs/swept.yaml", "hp.learning_rate=0.1,0.01", "--plan", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    jobs = [ln for ln in lines if ln.startswith("  #")]
+    assert jobs == [
+        "  #0 hp.learning_rate=0.1: args --lr 0.1 --ckpt runs/ckpt.pt --log=logs/0.1.txt",
+        "  #1 hp.learning_rate=0.01: args --lr 0.01 --ckpt runs/ckpt.pt --log=logs/0.01.txt",
+    ]
+    (note,) = [ln for ln in lines if ln.startswith("note: every job of this sweep")]
+    assert "same path(s) in args: runs/ckpt.pt;" in note  # the log path varies: not named
+    assert "$ELASTIC_HYDRA_RUN_DIR" in note
+    assert sorted(p.name for p in workdir.iterdir()) == before  # nothing created
+
+    as_json = run("-m", "jobs/swept.yaml", "hp.learning_rate=0.1,0.01", "--plan=json", cwd=workdir)
+    assert as_json.returncode == 0, as_json.stderr
+    jobs_json = json.loads(as_json.stdout)
+    assert [j["overrides"] for j in jobs_json] == [
+        ["hp.learning_rate=0.1"], ["hp.learning_rate=0.01"]
+    ]  # fmt: skip
+    dirs = [Path(j["plan"]["run_dir"]) for j in jobs_json]
+    assert [d.name for d in dirs] == ["0", "1"] and dirs[0].parent == dirs[1].parent
+
+
+def test_plan_of_a_sweep_whose_paths_vary_has_no_note(workdir: Path) -> None:
+    (workdir / "jobs" / "own.yaml").write_text(
+        JOB + "args: [--ckpt, 'runs/${hp.learning_rate}/ckpt.pt', --data, data]\n"
+    )
+    proc = run("-m", "jobs/own.yaml", "hp.learning_rate=0.1,0.01", "--plan", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "every job of this sweep" not in proc.stdout
+    assert len([ln for ln in proc.stdout.splitlines() if ln.startswith("  #")]) == 2
+
+
+def test_a_bad_job_of_a_sweep_plan_is_one_line_naming_the_job(workdir: Path) -> None:
+    proc = run("-m", "script=train.py", "nproc_per_node=1,0", "--plan", cwd=workdir)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("elastic-hydra: error: nproc_per_node:"), line
+    assert line.endswith("(in sweep job #1: script=train.py nproc_per_node=0)"), line
+
+
+@pytest.mark.parametrize(
+    ("jobs", "shared"),
+    [
+        ([["--ckpt", "runs/c.pt", "--lr", "0.1"], ["--ckpt", "runs/c.pt", "--lr", "0.2"]],
+         ["runs/c.pt"]),
+        ([["--out=w.pt", "--lr=0.1"], ["--out=w.pt", "--lr=0.2"]], ["w.pt"]),
+        ([["--ckpt", "a/c.pt"], ["--ckpt", "b/c.pt"]], []),
+        ([["--ckpt", "$ELASTIC_HYDRA_RUN_DIR/c.pt"]] * 2, []),  # the worker expands it per job
+        ([["--url", "https://x/y", "--name", "a b", "--lr", "1e-3"]] * 2, []),
+        ([["--ckpt", "runs/c.pt"]], []),  # one job shares with nobody
+    ],
+)  # fmt: skip
+def test_shared_paths_are_path_looking_args_that_every_job_passes(
+    jobs: list[list[str]], shared: list[str]
+) -> None:
+    from elastic_hydra.cli.plan import shared_paths
+
+    assert shared_paths(jobs) == shared
+
+
+# --------------------------------------------------------------------------- a key without =
+@pytest.mark.parametrize("before", [[], ["script=train.py"], ["jobs/x.yaml"]])
+@pytest.mark.parametrize("word", ["env.BAR", "+hp.lr", "nproc_per_node", "rdzv.endpoint"])
+def test_a_key_without_a_value_is_one_line_naming_it(
+    workdir: Path, word: str, before: list[str]
+) -> None:
+    proc = run(*before, word, "--plan", cwd=workdir)
+    assert proc.returncode == 2
+    name = word.lstrip("+")
+    assert proc.stderr.splitlines() == [
+        f"elastic-hydra: error: {name}: a key without a value (got {word!r}); expected "
+        f"{name}=VALUE. A script's own arguments go after --."
+    ]
+
+
+def test_a_script_named_like_a_key_is_still_a_script(workdir: Path) -> None:
+    (workdir / "hp.tool").write_text("print('tool')\n")  # a file: the script, not a key
+    assert "script='hp.tool'" in invocation("--nproc-per-node=2", "hp.tool").overrides
+    assert "script='env.py'" in invocation("--nproc-per-node=2", "env.py").overrides
+    assert invocation("-m", "env.mod").torchrun  # torchrun's -m: a module's name
+    assert invocation("--module", "env.mod").torchrun

@@ -109,10 +109,14 @@ def test_a_job_with_its_own_search_path(workdir: Path) -> None:
     assert planned["restart"]["max_restarts"] == 7
 
 
-def test_plan_of_a_job_that_sweeps_is_refused_in_one_line(workdir: Path) -> None:
-    (workdir / "sweep.yaml").write_text(JOB + "hydra:\n  mode: MULTIRUN\n")
+def test_plan_of_a_job_that_sweeps_plans_its_jobs(workdir: Path) -> None:
+    """A job that sets hydra.mode: MULTIRUN is a sweep without -m: `--plan` lists the jobs its
+    sweeper's params make, and creates nothing."""
+    (workdir / "sweep.yaml").write_text(
+        JOB + "hydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n      env.X: 1,2\n"
+    )
     proc = run("sweep.yaml", "--plan", cwd=workdir)
-    assert proc.returncode == 2
-    (line,) = proc.stderr.splitlines()
-    assert "hydra.mode: MULTIRUN" in line and "hydra.mode=RUN" in line
+    assert proc.returncode == 0, proc.stderr
+    jobs = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("  #")]
+    assert jobs == ["  #0 env.X=1", "  #1 env.X=2"]
     assert not (workdir / "eh_logs").exists()

@@ -858,3 +858,48 @@ def test_each_restart_is_one_line_on_the_console(tmp_path: Path) -> None:
     quiet = run_raw(f"script={EXIT_CODE}", "restart.max_restarts=1", "logs=quiet", "--",
                     "--code", "3", cwd=tmp_path)  # fmt: skip
     assert b"failed: restart" not in quiet.stderr  # logs=quiet: the summary only
+
+
+# ------------------------------------------------------------------- quiet, tidy ends of a run
+PLAIN_WORKER = """
+import os, sys, time
+open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_ctrl_c_stops_python_workers_without_a_traceback_on_the_console(tmp_path: Path) -> None:
+    """Workers that leave SIGINT to Python: each ends as Python does on Ctrl-C, and the console
+    shows no KeyboardInterrupt traceback of theirs."""
+    script, markers = tmp_path / "plain.py", tmp_path / "markers"
+    script.write_text(PLAIN_WORKER)
+    markers.mkdir()
+    with started(
+        f"script={script}", "nproc_per_node=2", "--", str(markers), "30", cwd=tmp_path
+    ) as agent:
+        wait_for(lambda: len(list(markers.iterdir())) == 2, 20, "both workers")
+        agent.send_signal(signal.SIGINT)
+        out, err = agent.communicate(timeout=20)
+    assert agent.returncode == 130, err.decode(errors="replace")
+    for stream in (out, err):
+        assert b"KeyboardInterrupt" not in stream and b"Traceback" not in stream, stream.decode()
+    run_dir = find_run_dir(tmp_path / "eh_logs")
+    exits = [e for e in read_events(run_dir) if isinstance(e, WorkerExited)]
+    assert sorted(e.returncode for e in exits) == [-signal.SIGINT] * 2
+
+
+def test_a_healthy_runs_rank_dirs_hold_its_logs_alone(tmp_path: Path) -> None:
+    """The crash dump, stacks and progress notes the workers kept for the agent go when they hold
+    nothing: no file in a healthy run's rank dir hints at a hang or a crash."""
+    script, markers = tmp_path / "plain.py", tmp_path / "markers"
+    script.write_text(PLAIN_WORKER)
+    markers.mkdir()
+    proc = run_raw(
+        f"script={script}", "nproc_per_node=2", "--", str(markers), "0.3",  # the hang watch on
+        cwd=tmp_path, timeout=LAUNCH_TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    run_dir = find_run_dir(tmp_path / "eh_logs")
+    for rank in (0, 1):
+        names = sorted(p.name for p in (run_dir / "attempt_0" / str(rank)).iterdir())
+        assert names == ["stderr.log", "stdout.log"], names

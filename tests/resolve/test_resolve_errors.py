@@ -675,3 +675,42 @@ def test_resolution_asks_the_host_it_is_given() -> None:
         resolve(ElasticHydraConf(cmd="python3"), run_dir="", host=host)  # on this machine's PATH
     with pytest.raises(ConfigError, match="script: no such file in /job"):
         resolve(ElasticHydraConf(script="other.py"), run_dir="", host=host)
+
+
+@pytest.mark.parametrize(
+    ("backend", "missing", "says"),
+    [
+        ("c10d", "torch", "needs PyTorch"),
+        ("etcd-v2", "torch", "needs PyTorch"),
+        ("etcd", "etcd", "needs the python-etcd client"),
+    ],
+)
+def test_torch_backends_need_their_packages_in_this_python(
+    backend: str, missing: str, says: str
+) -> None:
+    """Resolution asks the host whether torch (and python-etcd) would import: a launch fails
+    before anything is made, and `--plan` says the same."""
+    from elastic_hydra.config.schema import ElasticHydraConf, RdzvConf
+    from elastic_hydra.errors import TORCH_INSTALL
+    from elastic_hydra.resolve.gpus import Machine
+    from elastic_hydra.resolve.resolver import Host, resolve
+
+    def host(*absent: str) -> Host:
+        return Host(
+            cwd="/job",
+            environ={},
+            machine=Machine(gpus=lambda: (), cpus=lambda: (0,), node_cpus=lambda node: ()),
+            process_room=lambda: None,
+            is_file=lambda path: True,
+            importable=lambda name: name not in absent,
+        )
+
+    conf = ElasticHydraConf(script="train.py", rdzv=RdzvConf(backend=backend))
+    with pytest.raises(ConfigError, match=f"rdzv.backend: {says}") as info:
+        resolve(conf, run_dir="", host=host(missing))
+    assert repr(backend) in info.value.line()
+    if missing == "torch":
+        assert f"`{TORCH_INSTALL}`" in info.value.line()
+    assert isinstance(resolve(conf, run_dir="", host=host()).rdzv, Dynamic)
+    standalone = ElasticHydraConf(script="train.py")  # needs no torch
+    assert isinstance(resolve(standalone, run_dir="", host=host("torch", "etcd")).rdzv, Standalone)

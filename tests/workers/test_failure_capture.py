@@ -895,3 +895,46 @@ def test_exception_with_failing_str_is_still_recorded(tmp_path: Path) -> None:
     assert traceback_block(stderr)[-1] == "Unprintable: <exception str() failed>"
     assert "bootstrap.py" not in stderr
     assert error_file.exists()
+
+
+# ------------------------------------------------------------------------------ Ctrl-C, quietly
+INTERRUPTED = """
+import atexit, sys, time
+atexit.register(lambda: open(sys.argv[2], "w").write("atexit ran"))
+open(sys.argv[1], "w").close()
+
+def train():
+    time.sleep(30)
+
+train()
+"""
+
+
+@pytest.mark.parametrize("bootstrap", [False, True], ids=["python", "bootstrap"])
+def test_sigint_ends_the_worker_as_python_does_without_the_traceback(
+    tmp_path: Path, bootstrap: bool
+) -> None:
+    """Python's own ending on SIGINT (atexit handlers, then killed by SIGINT), compared fact by
+    fact with plain `python script.py`; only the KeyboardInterrupt traceback is gone."""
+    from tests.conftest import wait_for
+
+    script, ready, done = tmp_path / "interrupted.py", tmp_path / "ready", tmp_path / "done"
+    script.write_text(INTERRUPTED)
+    argv = [sys.executable, "-u", *([BOOTSTRAP] if bootstrap else []), str(script)]
+    proc = subprocess.Popen(
+        [*argv, str(ready), str(done)], env=launcher_env(), stderr=subprocess.PIPE
+    )
+    try:
+        wait_for(ready.exists, PLAIN_TIMEOUT, "the script to start")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=PLAIN_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGINT
+    assert done.read_text() == "atexit ran"
+    if bootstrap:
+        assert err == b""
+    else:
+        assert b"KeyboardInterrupt" in err and b"in train" in err  # what the bootstrap hides
