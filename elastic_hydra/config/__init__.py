@@ -14,6 +14,8 @@ values; no module outside this folder touches a `DictConfig`.
   key (the keys table of the docs is generated from it).
 - `invocation`: one parsed command line as the boundary reads it, and the quoting that keeps a
   value byte for byte through Hydra's override grammar.
+- `resolvers`: our OmegaConf resolvers (run dir names, `logs.root`) and the pool plugin's
+  discovery, registered before every composition.
 - `explain`: Hydra's, OmegaConf's and YAML's exceptions as one line that names the key, the
   value and the fix.
 - `jobfile`: checks of a job file before Hydra reads it (what it would take badly, or silently).

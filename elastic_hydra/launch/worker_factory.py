@@ -19,7 +19,8 @@ from elastic_hydra.stopsignals import StopFlag
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment
 from elastic_hydra.workers.guard import GroupGuard
-from elastic_hydra.workers.supervise import LocalWorkers, WorkerNotes, WorkerSpec
+from elastic_hydra.workers.notes import WorkerNotes
+from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
 
 STORE_FD_ENV = (
     "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)

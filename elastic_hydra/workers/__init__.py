@@ -9,6 +9,8 @@
   (child subreaper, cgroup when there is one); those the agent inherits are reaped as they end.
 - `console`: worker output to the console as whole lines with a rank prefix; a stalled terminal
   costs console lines (counted), never log-file bytes.
+- `notes`: the bootstrap's files beside a worker's logs (crash dump, stacks, progress); only
+  those that hold something stay once the worker is gone.
 - `bootstrap`: runs inside the worker's interpreter (the standard library only): the user's
   script as `__main__`, its uncaught exception recorded, faulthandler, progress for the hang
   watch. Its frames are hidden from every traceback we show.

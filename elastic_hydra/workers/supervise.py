@@ -32,36 +32,11 @@ from elastic_hydra.stopsignals import drain
 from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
 from elastic_hydra.workers.contain import Containment, reap_orphans
 from elastic_hydra.workers.guard import GroupGuard
+from elastic_hydra.workers.notes import WorkerNotes, tidy_notes
 
 _PR_SET_PDEATHSIG = 1
 _KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
 _REAP_EVERY = 1.0  # seconds between looks for ended orphans while the workers run
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerNotes:
-    """Files the bootstrap keeps for the agent while its worker runs. When the worker is gone
-    only those that hold something stay, so a healthy run's rank dirs hold its logs alone, and
-    a file there means something happened."""
-
-    fault: Path  # a crash's Python stack (faulthandler): kept when one was written
-    stacks: Path  # stacks the agent asked for (a hang, `elastic-hydra stacks`): kept if dumped
-    progress: Path  # the hang watch's progress note: only of use while the worker runs
-
-
-def tidy_notes(notes: WorkerNotes) -> None:
-    """Remove the notes that hold nothing: an empty crash dump, a stacks file with only its first
-    line (which thread is main), the progress note."""
-    with contextlib.suppress(OSError):
-        if notes.fault.stat().st_size == 0:
-            notes.fault.unlink()
-    with contextlib.suppress(OSError):
-        with open(notes.stacks, "rb") as f:
-            head = f.read(1 << 12)
-        if head.count(b"\n") <= 1 and len(head) < 1 << 12:
-            notes.stacks.unlink()
-    with contextlib.suppress(OSError):
-        notes.progress.unlink()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
