@@ -250,6 +250,21 @@ def _execute(
     ).run()
 
 
+def _save_error(run_dir: RunDir, exc: BaseException) -> None:
+    """The summary of a launch that raised: a ConfigError found only now (e.g. torch missing
+    for a torch rendezvous), or a bug in the launcher (exit 70). No result.json follows."""
+    if isinstance(exc, ConfigError):
+        error = RunSummary(
+            status=RunStatus.CONFIG_ERROR, exit_code=exc.exit_code, message=exc.line()
+        )
+    else:
+        error = RunSummary(
+            status=RunStatus.ERROR, exit_code=EXIT_BUG, message=f"{type(exc).__name__}: {exc}"
+        )
+    save_summary(run_dir, error)
+    run_dir.release_end()
+
+
 def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     """Run the plan to its end on this node; returns the exit code and the summary written."""
     run_dir = RunDir(Path(plan.run_dir))
@@ -278,19 +293,8 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             ended = rdzv.end(outcome.status, events)
             job_failures = _job_failures(ended)
             outcome = _failed_elsewhere(outcome, job_failures, ended.last_round)
-    except ConfigError as exc:  # found only now, e.g. torch missing for a torch rendezvous
-        error = RunSummary(
-            status=RunStatus.CONFIG_ERROR, exit_code=exc.exit_code, message=exc.line()
-        )
-        save_summary(run_dir, error)
-        run_dir.release_end()  # no result.json follows
-        raise
-    except BaseException as exc:  # a bug in the launcher: still leave a summary behind
-        error = RunSummary(
-            status=RunStatus.ERROR, exit_code=EXIT_BUG, message=f"{type(exc).__name__}: {exc}"
-        )
-        save_summary(run_dir, error)
-        run_dir.release_end()
+    except BaseException as exc:  # a config error found only now, or a bug: leave a summary
+        _save_error(run_dir, exc)
         raise
     finally:
         contain.kill_all(keep=[guard.pid])  # what left the workers' groups: daemons, setsid
