@@ -95,7 +95,7 @@ class JoinWait:
                     f"to accept connections ({self._refused}): {waited:.0f} s of "
                     f"rdzv.connect_timeout={self.spec.connect_timeout:g} s"
                 )
-            return f"elastic-hydra: connecting to the {self.where}: {waited:.0f} s"
+            return f"elastic-hydra: loading torch, connecting to the {self.where}: {waited:.0f} s"
         state, me = dynamic_state(self.handler), this_node(self.handler)
         nodes = self.plan.nnodes
         if state is None or state.closed:  # legacy etcd: no shared state to read

@@ -325,11 +325,11 @@ def test_a_store_that_refuses_connections_is_one_line_soon_naming_the_bound_it_u
     text = j.agents[0].text()
     assert took < 20, (took, text)  # rdzv.connect_timeout (10 s) after the agent's start
     (line,) = [ln for ln in text.splitlines() if "rendezvous failed" in ln]
-    assert line == (
+    assert line.startswith(
         f"elastic-hydra: rendezvous failed: cannot connect to the rendezvous store at {endpoint} "
         "(connection refused; retried for rdzv.connect_timeout=10 s): start the store (an agent "
         "with rdzv.is_host=true, or `elastic-hydra rdzv-server`) there first, or fix "
-        "rdzv.endpoint"
+        "rdzv.endpoint ("
     ), text
     assert "join_timeout" not in text and "read_timeout" not in text, text
     assert "Traceback" not in text
@@ -362,10 +362,11 @@ def test_a_join_that_waits_says_for_what_and_how_long(tmp_path: Path) -> None:
 
 
 def test_a_join_with_the_minimum_says_it_waits_for_more_and_how_long(tmp_path: Path) -> None:
-    # Both nodes are there: what the round waits for now is the last call for nodes 3 and 4.
+    # Both nodes are there: what the round waits for now is the last call for nodes 3 and 4
+    # (long enough for the notice 30 s into the join).
     with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
         for _ in range(2):
-            j.start("nnodes=2:4", "nproc_per_node=1", "rdzv.last_call_timeout=8",
+            j.start("nnodes=2:4", "nproc_per_node=1", "rdzv.last_call_timeout=40",
                     "rdzv.keep_alive_interval=1", "rdzv.keep_alive_max_attempt=3")  # fmt: skip
         assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
     lines = [ln for a in j.agents for ln in a.text().splitlines() if "last call" in ln]
@@ -373,9 +374,9 @@ def test_a_join_with_the_minimum_says_it_waits_for_more_and_how_long(tmp_path: P
     for line in lines:
         assert line.startswith("elastic-hydra: 2 of 4 node(s) joined the c10d rendezvous"), line
         left = re.search(
-            r"; last call for more: (\d+) s left \(rdzv.last_call_timeout=8 s\)$", line
+            r"; last call for more: (\d+) s left \(rdzv.last_call_timeout=40 s\)$", line
         )
-        assert left and int(left.group(1)) <= 8, line
+        assert left and int(left.group(1)) < 40, line
     assert "waiting for 2 node(s)" not in j.explain()  # what it waits for now: more nodes
 
 

@@ -453,7 +453,8 @@ def test_a_node_joining_a_running_job_and_a_spare_say_so() -> None:
 def test_while_the_store_refuses_connections_the_wait_names_it_and_the_bound_it_uses() -> None:
     rdzv = joining(None, NodeRange(min=2, max=2))
     assert rdzv._still_waiting(5) == (
-        "elastic-hydra: connecting to the c10d rendezvous 'test-run' at node0:29400: 5 s"
+        "elastic-hydra: loading torch, connecting to the c10d rendezvous 'test-run' at "
+        "node0:29400: 5 s"
     )
     rdzv._store_refused("connection refused")
     assert rdzv._still_waiting(5) == (
