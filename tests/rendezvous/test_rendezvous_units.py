@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,9 +17,9 @@ import pytest
 
 from elastic_hydra.agent.outcome import root_cause
 from elastic_hydra.agent.seams import ChangeKind
-from elastic_hydra.errors import STORE_ERRORS
+from elastic_hydra.errors import STORE_ERRORS, RendezvousError
 from elastic_hydra.hangs import share
-from elastic_hydra.plan import DynamicBackend, NodeRange
+from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, NodeRange
 from elastic_hydra.records import (
     FailureRecord,
     PeerChange,
@@ -44,8 +46,9 @@ from elastic_hydra.rendezvous.store_keys import (
     read_failures,
 )
 from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
-from elastic_hydra.rendezvous.torch_handler import guarded, reason
+from elastic_hydra.rendezvous.torch_handler import _wait_for_store, guarded, reason
 from tests.agent.test_executor import FakeStop, make_plan
+from tests.conftest import free_port
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
@@ -461,3 +464,27 @@ def test_while_the_store_refuses_connections_the_wait_names_it_and_the_bound_it_
         "elastic-hydra: waiting for the rendezvous store at node0:29400 to accept connections "
         "(connection refused): 5 s of rdzv.connect_timeout=10 s"
     )
+
+
+def test_a_store_that_refuses_is_retried_for_its_bound_then_named() -> None:
+    port = free_port()
+    rdzv = make_plan(dynamic=True).rdzv
+    assert isinstance(rdzv, Dynamic)
+    spec = dataclasses.replace(
+        rdzv, endpoint=Endpoint(host="127.0.0.1", port=port), connect_timeout=1.0, is_host=False
+    )
+    heard: list[str | None] = []
+    started = time.monotonic()
+    with pytest.raises(RendezvousError) as caught:
+        _wait_for_store(spec, heard.append, lambda: False)
+    assert 1.0 <= time.monotonic() - started < 5.0
+    assert str(caught.value).startswith(
+        f"cannot connect to the rendezvous store at 127.0.0.1:{port} (connection refused; "
+        "retried for rdzv.connect_timeout=1 s)"
+    )
+    assert heard and set(heard) == {"connection refused"}
+    with socket.create_server(("127.0.0.1", 0)) as server:  # a listener: no wait
+        listening = dataclasses.replace(spec, endpoint=Endpoint(host="127.0.0.1",
+                                        port=server.getsockname()[1]))  # fmt: skip
+        _wait_for_store(listening, heard.append, lambda: False)
+    assert heard[-1] is None
