@@ -102,6 +102,7 @@ class Dynamic:
     keep_alive_max_attempt: int
     read_timeout: float
     exit_barrier_timeout: float = 300.0
+    connect_timeout: float = 10.0  # c10d, not hosting: retry a refused store this long
     timeout: float = 900.0  # legacy etcd: the whole rendezvous
     is_host: bool | None = None
     node_order: int | None = None  # this node's place among the nodes (Slurm's); None: torch's

@@ -57,6 +57,11 @@ class RdzvConf:
         3, "heartbeats missed before a node counts as gone (the others re-rendezvous)"
     )
     read_timeout: float = key(60.0, "seconds a store read may take")
+    connect_timeout: float = key(
+        10.0,
+        "c10d, a node that does not host the store: seconds it retries a store that refuses "
+        "connections (not started yet, or a wrong endpoint) before it stops",
+    )
     exit_barrier_timeout: float = key(
         300.0, "after its workers succeed, seconds a node waits for the others to finish"
     )

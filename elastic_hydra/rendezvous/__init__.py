@@ -5,10 +5,12 @@ Two kinds of rendezvous implement `agent.seams.Rendezvous`:
 - `local`: standalone (one node, no service, no torch) and static (fixed node ranks, like
   `torch.distributed.launch`).
 - `torch_backend`: c10d, etcd-v2 and etcd through PyTorch's own handlers, so torchrun agents can
-  join the same job; joins, membership changes, the exit barrier. `torchrun_agents` finds the
-  torchrun agents among the nodes and names them in changes and advice; `join_wait` runs a
-  blocking join so that a signal still stops it, with notices while it waits. `torch_handler`
-  creates and reads torch's handler.
+  join the same job; joins and the exit barrier. `membership` tells the round's changes, the
+  same on every node (the node that left, not the first survivor to re-join). `torchrun_agents`
+  finds the torchrun agents among the nodes and names them in changes and advice; `join_wait`
+  runs a blocking join so that a signal still stops it, with notices of what it waits for.
+  `torch_handler` creates and reads torch's handler (a c10d store that refuses connections is
+  waited for `rdzv.connect_timeout`, then named).
 
 What the nodes share besides the rendezvous itself lives in the store under our keys:
 

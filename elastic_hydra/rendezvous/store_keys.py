@@ -23,6 +23,9 @@ from elastic_hydra.rendezvous import sealed_records
 
 Store = Any
 FAILURES = "elastic_hydra/{run_id}/failures"
+# Per round: a node that saw a membership change first and re-joins to follow it (see
+# `follower_key`).
+FOLLOWERS = "elastic_hydra/{run_id}/followers/{round}/"
 MAX_RECORDS = 1000  # read at most this many: a forged count must not stall the end of the job
 # torchrun's keys (torch/distributed/elastic/agent/server/api.py).
 ROLE_INFO = "torchelastic/role_info/"
@@ -147,6 +150,12 @@ def rank_table(infos: list[Mapping[str, Any]]) -> list[list[int]]:
         base += int(info["local_world_size"])
         role_base[role] += int(info["local_world_size"])
     return out
+
+
+def follower_key(run_id: str, rdzv_round: int, node: str) -> str:
+    """The key a node sets before it re-joins to follow a change it saw: a node seen waiting
+    for the next round without it restarted its workers."""
+    return f"{FOLLOWERS.format(run_id=run_id, round=rdzv_round)}{node}"
 
 
 def publish_failure(store: Store, run_id: str, record: FailureRecord, secret: bytes | None) -> None:

@@ -4,8 +4,8 @@ torch is imported here and in `torch_handler` only, and only for these backends.
 for rank assignment and the exit barrier are torchrun's, so elastic-hydra and torchrun agents can
 share one rendezvous.
 
-`TorchRendezvous` joins a round, polls it for membership changes and ends the job; the torchrun
-agents among its nodes are `torchrun_agents`', the wait for a join is `join_wait`'s.
+`TorchRendezvous` joins a round and ends the job; what the round's changes are is `membership`'s,
+the torchrun agents among its nodes are `torchrun_agents`', the wait for a join is `join_wait`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 from elastic_hydra.agent.events import ExitBarrier
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import (
-    Change,
     ChangeKind,
     JobFailures,
     JobShare,
@@ -31,9 +30,10 @@ from elastic_hydra.agent.seams import (
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan
-from elastic_hydra.records import FailureRecord, HangRecord, PeerChange
+from elastic_hydra.records import FailureRecord, HangRecord
 from elastic_hydra.rendezvous import sealed_records, store_keys
 from elastic_hydra.rendezvous.join_wait import JoinWait
+from elastic_hydra.rendezvous.membership import Membership
 from elastic_hydra.rendezvous.torch_handler import (
     RendezvousHandler,
     Store,
@@ -42,17 +42,13 @@ from elastic_hydra.rendezvous.torch_handler import (
     dynamic_state,
     guarded,
     node_name,
-    this_node,
 )
-from elastic_hydra.rendezvous.torchrun_agents import TorchrunAgents
 
 # torchrun's keys (torch/distributed/elastic/agent/server/api.py, utils/store.py).
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
 
-STATE_CACHE = 1.0  # seconds torch's dynamic handler reuses its last read of the shared state
 
-
-class TorchRendezvous(TorchrunAgents, JoinWait):
+class TorchRendezvous(Membership, JoinWait):
     """One node's view of a torch rendezvous (implements seams.Rendezvous)."""
 
     def __init__(
@@ -86,59 +82,12 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
         secret = os.environ.get(sealed_records.SECRET_ENV)
         self.secret = secret.encode() if secret else None
         self.handler: RendezvousHandler = None  # created by the first join (network I/O)
+        self._refused: str | None = None  # why the c10d store refuses connections, meanwhile
 
     # ------------------------------------------------------------------------------ the protocol
     def next_round(self) -> NodeAssignment:
         self.node = self._blocking(self._join, "join")
         return self.node
-
-    def poll(self) -> Change | None:
-        try:
-            waiting = self.handler.num_nodes_waiting()  # syncs the shared state (cached 1 s)
-        except Exception as exc:  # torch's handler: see torch_handler
-            raise RendezvousError(self._lost(exc)) from None
-        state = dynamic_state(self.handler)
-        if state is not None and state.closed:
-            return Change(kind=ChangeKind.CLOSED, reason=self._closed_reason())
-        if waiting:
-            # Members waiting again restarted their workers (a failure there, or they saw the
-            # change first); any other waiting node is new.
-            back = set(getattr(state, "wait_list", ())) & self._members
-            new = waiting - len(back)
-            if new > 0:
-                return Change(
-                    kind=ChangeKind.JOINED, reason=f"{new} new node(s) waiting to join", nodes=new
-                )
-            return Change(
-                kind=ChangeKind.JOINED,
-                reason=f"{self._names(back)} {PeerChange.RESTARTED}: a new round for every node",
-                nodes=len(back),
-                peers=self._peers(back, PeerChange.RESTARTED),
-            )
-        if state is None:
-            return None  # legacy etcd keeps no heartbeats: a departure shows as worker failures
-        # Syncing drops nodes whose last heartbeat is older than the departure bound (this node
-        # included, when its own heartbeat thread ran late: that is not a departure).
-        alive = self._members & (set(state.participants) | {this_node(self.handler)})
-        gone = frozenset(self._members - alive)
-        if state.round == self._round and not self._confirmed(gone):
-            return None
-        return Change(
-            kind=ChangeKind.LEFT,
-            reason=f"{self._names(gone) or 'a node'} {PeerChange.LEFT} (no heartbeat for "
-            f"{self.spec.departure_bound:g} s)",
-            nodes=len(alive),
-            peers=self._peers(gone, PeerChange.LEFT),
-        )
-
-    def _confirmed(self, gone: frozenset[object]) -> bool:
-        """Whether members missing from the round are gone. A member that restarts its workers
-        leaves the participants one store write before it enters the wait list: it counts as
-        gone only when a later read of the store (torch caches it for a second) still says so."""
-        now = time.monotonic()
-        if gone != self._gone:
-            self._gone, self._gone_at = gone, now
-        return bool(gone) and now - self._gone_at > STATE_CACHE
 
     def publish_failure(self, record: FailureRecord) -> None:
         if self.job_store is None or self.node is None:
@@ -147,7 +96,7 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
             record,
             node_rank=self.node.group_rank,
             rdzv_round=self._round,
-            node=node_name(this_node(self.handler)),
+            node=self._me(),
         )
         store_keys.publish_failure(self.job_store, self.plan.torch_run_id, where, self.secret)
 
@@ -282,17 +231,22 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
     def _next_rendezvous(self) -> Any:
         """torch's next round (its RendezvousInfo), its errors told as ours."""
         if self.handler is None:
-            self.handler = create_handler(self.plan, self.where)
+            self.handler = create_handler(
+                self.plan,
+                self.where,
+                refused=self._store_refused,
+                stopped=lambda: self.interrupt.signum is not None,
+            )
         from torch.distributed.elastic.rendezvous import api
 
         try:
             info = self.handler.next_rendezvous()
         except api.RendezvousTimeoutError:
             raise RendezvousError(
-                f"the {self.where} did not complete within "
-                f"rdzv.join_timeout={self.spec.join_timeout:g} s: fewer than "
+                f"the {self.where} did not complete within {self._join_bound()}: fewer than "
                 f"{self.plan.nnodes.min} node(s) joined (nnodes={self.plan.nnodes}). Start the "
-                "other nodes with the same rdzv.id and rdzv.endpoint, or raise rdzv.join_timeout"
+                "other nodes with the same rdzv.id and rdzv.endpoint, or raise "
+                f"{self._join_setting()[0]}"
             ) from None
         except api.RendezvousClosedError:
             raise RendezvousError(
@@ -302,6 +256,9 @@ class TorchRendezvous(TorchrunAgents, JoinWait):
         except Exception as exc:  # torch's handler: see torch_handler
             raise RendezvousError(self._lost(exc)) from None
         return info
+
+    def _store_refused(self, why: str | None) -> None:
+        self._refused = why  # told by the wait notices (join_wait)
 
     def _enter_round(self, info: Any, store: Store) -> None:
         """The round's stores, members and number, once this node is in it."""

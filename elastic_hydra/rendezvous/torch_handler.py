@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,15 +28,26 @@ from elastic_hydra.rendezvous.local import listen_socket
 # torch's Store and RendezvousHandler, typed loosely: torch is optional and ships partial stubs.
 Store = Any
 RendezvousHandler = Any
+CONNECT_TRY = 2.0  # seconds one connection attempt to the c10d store may take
+CONNECT_RETRY = 0.25  # seconds between attempts while it refuses
 
 
-def create_handler(plan: LaunchPlan, where: str) -> RendezvousHandler:
+def create_handler(
+    plan: LaunchPlan,
+    where: str,
+    *,
+    refused: Callable[[str | None], None] = lambda _why: None,
+    stopped: Callable[[], bool] = lambda: False,
+) -> RendezvousHandler:
     """torch's handler for the plan's backend (network I/O: it connects, or hosts the c10d
-    store on the endpoint's address alone), or a RendezvousError that says where and what to do."""
+    store on the endpoint's address alone), or a RendezvousError that says where and what to do.
+    While a c10d store refuses connections, `refused` hears why (None once it accepts)."""
     spec = plan.rdzv
     assert isinstance(spec, Dynamic)
     _check_resolves(spec.endpoint.host)
     parameters, get_handler = _import_torch_rendezvous(spec.backend)
+    if spec.backend is DynamicBackend.C10D and not _hosts_store(spec):
+        _wait_for_store(spec, refused, stopped)
     options: dict[str, Any] = {
         "join_timeout": int(spec.join_timeout),
         "last_call_timeout": int(spec.last_call_timeout),
@@ -57,24 +69,59 @@ def create_handler(plan: LaunchPlan, where: str) -> RendezvousHandler:
         local_addr=plan.local_addr,
         **options,
     )
+    started = time.monotonic()
     try:
         with _stores_bound_to_their_host():
             handler = get_handler(params)
     except Exception as exc:  # torch's handler: any failure is an unreachable rendezvous
         raise RendezvousError(
-            f"cannot reach the {where}: {reason(exc)}. Start the "
-            f"{_server(spec)} there, or fix rdzv.endpoint"
-            + (
-                f" (waited rdzv.read_timeout={spec.read_timeout:g} s)"
-                if spec.backend is DynamicBackend.C10D
-                else ""
-            )
+            f"cannot reach the {where}: {reason(exc)} (gave up after "
+            f"{time.monotonic() - started:.0f} s). Start the {_server(spec)} there, or fix "
+            "rdzv.endpoint"
         ) from None
     if hasattr(handler, "_create_tcp_store_server"):  # the store round 0's workers use
         handler._create_tcp_store_server = lambda addr, port: bound_tcp_store(
             addr, port, multi_tenant=True
         )
     return handler
+
+
+def _hosts_store(spec: Dynamic) -> bool:
+    """Whether torch's c10d backend will host the store in this agent (rdzv.is_host, else
+    torch's own guess: the endpoint names this machine)."""
+    if spec.is_host is not None:
+        return spec.is_host
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    return bool(_matches_machine_hostname(spec.endpoint.host))
+
+
+def _wait_for_store(
+    spec: Dynamic, refused: Callable[[str | None], None], stopped: Callable[[], bool]
+) -> None:
+    """Wait until the c10d store's endpoint accepts a connection, for rdzv.connect_timeout.
+
+    torch's client retries a refused connection for rdzv.read_timeout and then blames "the
+    connection": a store that is not there (not started yet, or a wrong endpoint) is told while
+    it waits and given up on after a bound of its own, by name.
+    """
+    deadline = time.monotonic() + spec.connect_timeout
+    address = (spec.endpoint.host, spec.endpoint.port)
+    while True:
+        try:
+            with socket.create_connection(address, timeout=CONNECT_TRY):
+                refused(None)
+                return
+        except OSError as exc:
+            why = (exc.strerror or reason(exc)).lower()  # "connection refused", "timed out"
+        if time.monotonic() >= deadline or stopped():
+            raise RendezvousError(
+                f"cannot connect to the rendezvous store at {spec.endpoint} ({why}; retried "
+                f"for rdzv.connect_timeout={spec.connect_timeout:g} s): start the "
+                f"{_server(spec)} there first, or fix rdzv.endpoint"
+            )
+        refused(why)
+        time.sleep(CONNECT_RETRY)
 
 
 def _check_resolves(host: str) -> None:

@@ -26,7 +26,15 @@ from rich.traceback import Trace, Traceback
 from elastic_hydra import tracebacks
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.hangs import verdict
-from elastic_hydra.plan import Dynamic, HangAction, LaunchPlan, RestartSpec, Standalone, Static
+from elastic_hydra.plan import (
+    Dynamic,
+    DynamicBackend,
+    HangAction,
+    LaunchPlan,
+    RestartSpec,
+    Standalone,
+    Static,
+)
 from elastic_hydra.records import (
     FailureRecord,
     FailureSource,
@@ -106,9 +114,16 @@ def describe_rdzv(plan: LaunchPlan) -> str:
         case Static():
             return f"static: node_rank {r.node_rank}, master {r.master}"
         case Dynamic():
+            legacy = r.backend is DynamicBackend.ETCD  # its own bound, and no heartbeats
+            join = f"timeout {r.timeout:g}" if legacy else f"join_timeout {r.join_timeout:g}"
+            text = f"{r.backend.value} at {r.endpoint}; {join} s"
+            if plan.nnodes.min < plan.nnodes.max:  # torch waits the last call below MAX nodes
+                text += f", then last_call_timeout {r.last_call_timeout:g} s for more nodes"
+            if legacy:
+                return text
             return (
-                f"{r.backend.value} at {r.endpoint}; join_timeout {r.join_timeout:g} s, "
-                f"last_call_timeout {r.last_call_timeout:g} s"
+                f"{text}; a node without a heartbeat for {r.departure_bound:g} s has left "
+                f"(keep_alive_interval {r.keep_alive_interval:g} s x {r.keep_alive_max_attempt})"
             )
     return str(r)  # pragma: no cover
 

@@ -158,6 +158,7 @@ def _dynamic(r: RdzvConf, backend: DynamicBackend, endpoint: Endpoint) -> Dynami
         keep_alive_max_attempt=r.keep_alive_max_attempt,
         read_timeout=_whole_seconds("rdzv.read_timeout", r.read_timeout),
         exit_barrier_timeout=seconds("rdzv.exit_barrier_timeout", r.exit_barrier_timeout),
+        connect_timeout=seconds("rdzv.connect_timeout", r.connect_timeout, allow_zero=True),
         timeout=_whole_seconds("rdzv.timeout", r.timeout),
         is_host=r.is_host,
     )

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,9 +17,9 @@ import pytest
 
 from elastic_hydra.agent.outcome import root_cause
 from elastic_hydra.agent.seams import ChangeKind
-from elastic_hydra.errors import STORE_ERRORS
+from elastic_hydra.errors import STORE_ERRORS, RendezvousError
 from elastic_hydra.hangs import share
-from elastic_hydra.plan import DynamicBackend
+from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, NodeRange
 from elastic_hydra.records import (
     FailureRecord,
     PeerChange,
@@ -43,8 +46,9 @@ from elastic_hydra.rendezvous.store_keys import (
     read_failures,
 )
 from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
-from elastic_hydra.rendezvous.torch_handler import guarded, reason
+from elastic_hydra.rendezvous.torch_handler import _wait_for_store, guarded, reason
 from tests.agent.test_executor import FakeStop, make_plan
+from tests.conftest import free_port
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
@@ -250,6 +254,9 @@ class State:
     wait_list: set[Node] = dataclasses.field(default_factory=set)
     round: int = 0
     closed: bool = False
+    redundancy_list: set[Node] = dataclasses.field(default_factory=set)
+    deadline: datetime | None = None
+    complete: bool = False
 
 
 class FakeHandler:
@@ -360,3 +367,124 @@ def test_a_store_bug_is_not_taken_for_a_gone_store() -> None:
     # Only the store's failures are swallowed: a mistake of ours still fails loudly.
     with pytest.raises(AttributeError):
         share.publish_progress(GoneEtcd(AttributeError), "run", 0, 0, 1.0)
+
+
+C = Node("10.0.0.3", 33)
+
+
+def three_nodes(
+    state: State, monkeypatch: pytest.MonkeyPatch
+) -> tuple[TorchRendezvous, DictStore, list[float]]:
+    """Node A's view of a round of elastic-hydra agents A, B and C; the job's store."""
+    rdzv, clock = watching(state, monkeypatch)
+    store = DictStore()
+    rdzv._members, rdzv._torchrun, rdzv.job_store = frozenset({A, B, C}), {}, store
+    return rdzv, store, clock
+
+
+def test_every_survivor_names_the_node_whose_heartbeat_stopped_not_the_first_to_rejoin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # B was killed: torch dropped it for its old heartbeat. C noticed first and waits for the
+    # next round already: C restarted nothing, and the job goes on with A and C.
+    state = State(participants={A: 0}, wait_list={C})
+    rdzv, store, clock = three_nodes(state, monkeypatch)
+    assert rdzv.poll() is None  # B is missing: confirmed by a later read
+    clock[0] += 1.2
+    change = rdzv.poll()
+    assert change is not None and change.kind is ChangeKind.LEFT, change
+    assert change.reason.startswith("10.0.0.2 (agent pid 22) left the job"), change.reason
+    assert change.nodes == 2  # A and C: C waiting for the next round is still in the job
+    # A follows the change: said in the store before it re-joins.
+    assert store.check(["elastic_hydra/test-run/followers/0/10.0.0.1 (agent pid 11)"])
+
+
+def test_a_member_that_follows_a_change_is_not_taken_for_the_one_that_restarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # C's workers failed and it re-joined; B saw it first and followed; A sees both waiting.
+    state = State(participants={A: 0}, wait_list={B, C})
+    rdzv, store, _clock = three_nodes(state, monkeypatch)
+    store.set("elastic_hydra/test-run/followers/0/10.0.0.2 (agent pid 22)", "joined")
+    change = rdzv.poll()
+    assert change is not None and change.kind is ChangeKind.JOINED, change
+    assert change.reason == (
+        "10.0.0.3 (agent pid 33) restarted its workers: a new round for every node"
+    )
+
+
+# ------------------------------------------------------------------------ what a join waits for
+def joining(state: State | None, nnodes: NodeRange) -> TorchRendezvous:
+    """Node A joining a c10d rendezvous of `nnodes`; no handler yet when `state` is None."""
+    plan = dataclasses.replace(make_plan(dynamic=True), nnodes=nnodes)
+    rdzv = TorchRendezvous(plan, SimpleNamespace(signum=None))
+    if state is not None:
+        rdzv.handler = FakeHandler(state, A)
+    return rdzv
+
+
+def test_before_the_minimum_a_join_says_how_many_of_it_joined_and_its_bound() -> None:
+    line = joining(State(participants={A: 0}), NodeRange(min=2, max=4))._still_waiting(30.2)
+    assert line == (
+        "elastic-hydra: 1 of 2 (min) node(s) joined the c10d rendezvous 'test-run' at "
+        "node0:29400; 30 s of rdzv.join_timeout=600 s"
+    )
+    fixed = joining(State(participants={A: 0}), NodeRange(min=2, max=2))._still_waiting(5)
+    assert fixed.startswith("elastic-hydra: 1 of 2 node(s) joined the c10d"), fixed
+
+
+def test_with_the_minimum_a_join_says_it_is_the_last_call_and_how_long_it_has_left() -> None:
+    deadline = datetime.now(UTC) + timedelta(seconds=24.6)
+    state = State(participants={A: 0, B: 1}, deadline=deadline)
+    line = joining(state, NodeRange(min=2, max=4))._still_waiting(5.0)
+    assert line == (
+        "elastic-hydra: 2 of 4 node(s) joined the c10d rendezvous 'test-run' at node0:29400; "
+        "last call for more: 25 s left (rdzv.last_call_timeout=30 s)"
+    )
+
+
+def test_a_node_joining_a_running_job_and_a_spare_say_so() -> None:
+    running = State(participants={B: 0}, wait_list={A})
+    assert "waiting to join the running job" in joining(
+        running, NodeRange(min=1, max=2)
+    )._still_waiting(5)
+    spare = State(participants={B: 0, C: 1}, redundancy_list={A})
+    line = joining(spare, NodeRange(min=1, max=2))._still_waiting(5)
+    assert "has its 2 node(s) (nnodes=1:2): waiting as a spare until one leaves" in line, line
+
+
+def test_while_the_store_refuses_connections_the_wait_names_it_and_the_bound_it_uses() -> None:
+    rdzv = joining(None, NodeRange(min=2, max=2))
+    assert rdzv._still_waiting(5) == (
+        "elastic-hydra: loading torch, connecting to the c10d rendezvous 'test-run' at "
+        "node0:29400: 5 s"
+    )
+    rdzv._store_refused("connection refused")
+    assert rdzv._still_waiting(5) == (
+        "elastic-hydra: waiting for the rendezvous store at node0:29400 to accept connections "
+        "(connection refused): 5 s of rdzv.connect_timeout=10 s"
+    )
+
+
+def test_a_store_that_refuses_is_retried_for_its_bound_then_named() -> None:
+    port = free_port()
+    rdzv = make_plan(dynamic=True).rdzv
+    assert isinstance(rdzv, Dynamic)
+    spec = dataclasses.replace(
+        rdzv, endpoint=Endpoint(host="127.0.0.1", port=port), connect_timeout=1.0, is_host=False
+    )
+    heard: list[str | None] = []
+    started = time.monotonic()
+    with pytest.raises(RendezvousError) as caught:
+        _wait_for_store(spec, heard.append, lambda: False)
+    assert 1.0 <= time.monotonic() - started < 5.0
+    assert str(caught.value).startswith(
+        f"cannot connect to the rendezvous store at 127.0.0.1:{port} (connection refused; "
+        "retried for rdzv.connect_timeout=1 s)"
+    )
+    assert heard and set(heard) == {"connection refused"}
+    with socket.create_server(("127.0.0.1", 0)) as server:  # a listener: no wait
+        listening = dataclasses.replace(spec, endpoint=Endpoint(host="127.0.0.1",
+                                        port=server.getsockname()[1]))  # fmt: skip
+        _wait_for_store(listening, heard.append, lambda: False)
+    assert heard[-1] is None
