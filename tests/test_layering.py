@@ -46,8 +46,8 @@ HEAVY = ("hydra", "omegaconf", "rich")
 MAY_IMPORT = {
     "hydra": {"config"},
     "omegaconf": {"config"},
-    # report.history: `report`'s timeline, attempts and nodes, split from render for its size.
-    "rich": {"report.render", "report.history", "sweeps.view"},
+    # report's three renderers (failure report, plan, history) and the pool's live view.
+    "rich": {"report.render", "report.history", "report.plan_view", "sweeps.view"},
     "torch": {"rendezvous"},
 }
 

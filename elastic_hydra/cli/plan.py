@@ -40,9 +40,9 @@ def show_plan(inv: Invocation) -> int:
     if inv.plan == "yaml":
         print(jobyaml.job_yaml(inv, cfg, ctx), end="")
         return 0
-    from elastic_hydra.report import render
+    from elastic_hydra.report import plan_view
 
-    render.print_plan(plan, run_dir_hint=f"{ctx.run_dir} (created at launch)")
+    plan_view.print_plan(plan, run_dir_hint=f"{ctx.run_dir} (created at launch)")
     _plan_notes(inv, plan, len(checked.conf.args))
     if inv.torchrun:  # the command as a file to commit
         print(f"\n{YAML_HEADING}\n{jobyaml.job_yaml(inv, cfg, ctx)}", end="")
@@ -89,10 +89,10 @@ def _show_sweep(inv: Invocation) -> int:
                 for n, (ctx, plan) in enumerate(planned)]  # fmt: skip
         print(json.dumps(jobs, indent=2))
         return 0
-    from elastic_hydra.report import render
+    from elastic_hydra.report import plan_view
 
     first_ctx, first = planned[0]
-    render.print_plan(first, run_dir_hint=f"{first_ctx.run_dir} (job #0; created at launch)")
+    plan_view.print_plan(first, run_dir_hint=f"{first_ctx.run_dir} (job #0; created at launch)")
     print(f"\nsweep: {len(planned)} job(s), one launch each, in {first_ctx.run_dir.parent}:")
     for num, (ctx, plan) in enumerate(planned):
         words = " ".join(_shown(ctx)) or "(no overrides)"

@@ -3,8 +3,9 @@
 - `failure_files`: what a failed worker left behind (torch's `@record` error file, our own
   traceback file, a crash dump, the tail of its stderr), read once into its failure record.
 - `summary`: `summary.json`, how a launch ended on this node, every failure and the root cause.
-- `render`: rich renderings of a plan, a failure report and a sweep table; rich is imported here
-  and only when a report is shown.
+- `render`: rich renderings of a failure report and a sweep table; `plan_view`: `--plan`'s
+  table; `history`: `report`'s timeline, attempts and nodes. rich is imported by these three
+  only, and only when something is shown.
 - `notices`: one-line notices on stderr without rich (the success line, a multi-node job's
   progress).
 - `events_file`: `events.jsonl` read back as typed events, the one reader of a run's timeline

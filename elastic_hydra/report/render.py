@@ -8,8 +8,6 @@ On a terminal these use colour; elsewhere (CI logs, pipes) rich emits plain text
 from __future__ import annotations
 
 import os
-import shlex
-import signal
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -24,17 +22,7 @@ from rich.traceback import Stack as RichStack
 from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
-from elastic_hydra.gpus import format_cpus
 from elastic_hydra.hangs import verdict
-from elastic_hydra.plan import (
-    Dynamic,
-    DynamicBackend,
-    HangAction,
-    LaunchPlan,
-    RestartSpec,
-    Standalone,
-    Static,
-)
 from elastic_hydra.records import (
     FailureRecord,
     FailureSource,
@@ -44,7 +32,6 @@ from elastic_hydra.records import (
     RunStatus,
     RunSummary,
 )
-from elastic_hydra.redact import redact_env
 from elastic_hydra.report.notices import took
 from elastic_hydra.rundir import RunDir
 
@@ -55,115 +42,6 @@ def console(stderr: bool = False, soft_wrap: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200
     return Console(stderr=stderr, soft_wrap=soft_wrap, highlight=False, width=width)
-
-
-def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
-    """The plan as a two-column table."""
-    table = Table(title="elastic-hydra launch plan", box=box.SIMPLE_HEAVY, show_header=False)
-    table.add_column("what", style="bold cyan", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    world = f"{plan.nnodes.min * plan.nproc_per_node}"
-    if plan.nnodes.min != plan.nnodes.max:
-        world += f"..{plan.nnodes.max * plan.nproc_per_node}"
-    rows = {
-        "topology": f"{plan.nnodes} node(s) x {plan.nproc_per_node} process(es) "
-        f"= world size {world}",
-        "rendezvous": describe_rdzv(plan),
-        "run id": plan.torch_run_id,
-        "role": plan.role,
-        "restart": describe_restart(plan.restart),
-        "stop grace": f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)",
-        "hangs": describe_hang(plan),
-        "command": shlex.join(plan.argv),
-        "extra env": "\n".join(f"{k}={v}" for k, v in redact_env(plan.env)) or "(none)",
-    }
-    logs = plan.logs
-    console_text = "quiet" if logs.quiet else ("tee " if logs.tee else "files only")
-    if logs.tee and logs.console_ranks is not None:
-        console_text += "local ranks " + ",".join(map(str, sorted(logs.console_ranks)))
-    elif logs.tee:
-        console_text += f"all ranks, prefix {logs.prefix!r}"
-    rows["console"] = console_text
-    rows["devices"] = describe_devices(plan)
-    rows["run dir"] = plan.run_dir or run_dir_hint
-    for what, value in rows.items():  # Text: values are the user's words, never rich markup
-        table.add_row(what, Text(value))
-    return table
-
-
-def describe_devices(plan: LaunchPlan) -> str:
-    """One line per local rank: its GPU, what else it sees, its CPUs."""
-    if not plan.devices:
-        return "as the environment has them (no GPU selection, no CPU binding)"
-    lines = []
-    for local_rank, d in enumerate(plan.devices):
-        parts = [str(d.own) if d.own else "no GPU"]
-        if len(d.gpus) > 1:
-            parts.append("sees GPUs " + ",".join(str(g.index) for g in d.gpus))
-        if d.cpus:
-            parts.append(f"CPUs {format_cpus(d.cpus)}")
-        lines.append(f"local rank {local_rank}: " + "; ".join(parts))
-    return "\n".join(lines)
-
-
-def describe_rdzv(plan: LaunchPlan) -> str:
-    r = plan.rdzv
-    match r:
-        case Standalone():
-            return "standalone (this machine only, no external service)"
-        case Static():
-            return f"static: node_rank {r.node_rank}, master {r.master}"
-        case Dynamic():
-            legacy = r.backend is DynamicBackend.ETCD  # its own bound, and no heartbeats
-            join = f"timeout {r.timeout:g}" if legacy else f"join_timeout {r.join_timeout:g}"
-            text = f"{r.backend.value} at {r.endpoint}; {join} s"
-            if plan.nnodes.min < plan.nnodes.max:  # torch waits the last call below MAX nodes
-                text += f", then last_call_timeout {r.last_call_timeout:g} s for more nodes"
-            if legacy:
-                return text
-            return (
-                f"{text}; a node without a heartbeat for {r.departure_bound:g} s has left "
-                f"(keep_alive_interval {r.keep_alive_interval:g} s x {r.keep_alive_max_attempt})"
-            )
-    return str(r)  # pragma: no cover
-
-
-def describe_hang(plan: LaunchPlan) -> str:
-    """When the first hang verdict can come, and what follows it."""
-    h = plan.hang
-    if h.timeout is None or h.first_verdict is None:
-        return "not watched (hang.timeout=null)"
-    grace = min(h.grace, plan.stop_grace)
-    after = "" if h.action is HangAction.REPORT else f"; SIGKILL {grace:g} s after SIGTERM"
-    return (
-        f"first verdict {h.first_verdict:g} s after an attempt starts at the earliest (the "
-        f"longer of hang.timeout={h.timeout:g} and hang.warmup={h.warmup:g})\n"
-        f"a hang: no progress on any rank for {h.timeout:g} s (hang.timeout)\n"
-        f"then {h.action} (hang.action){after}{' (hang.grace)' if after else ''}"
-    )
-
-
-def describe_restart(spec: RestartSpec) -> str:
-    if spec.max_restarts == 0:
-        return "never (a failure ends the job)"
-    b = spec.backoff
-    parts = [f"up to {spec.max_restarts} restart(s)"]
-    if b.initial > 0:
-        jitter = f" +-{b.jitter:.0%}" if b.jitter else ""
-        parts.append(f"backoff {b.initial:g} s x{b.multiplier:g} up to {b.maximum:g} s{jitter}")
-    if spec.window:
-        parts.append(f"at most {spec.window.max_restarts} in {spec.window.seconds:g} s")
-    rules = [f"exit {c}: {a.value}" for c, a in spec.on_exit_code]
-    rules += [f"{signal.Signals(s).name}: {a.value}" for s, a in spec.on_signal]
-    if rules:
-        parts.append(", ".join(rules))
-    if spec.fail_fast_seconds:
-        parts.append(f"no retry for failures in the first {spec.fail_fast_seconds:g} s")
-    return "; ".join(parts)
-
-
-def print_plan(plan: LaunchPlan, *, run_dir_hint: str = "") -> None:
-    _print(console(), plan_table(plan, run_dir_hint=run_dir_hint))
 
 
 def sweep_table(results: Sequence[JobResult]) -> Table:

@@ -15,7 +15,7 @@ from rich.table import Table
 from elastic_hydra.agent.events import Finish
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.records import JobResult
-from elastic_hydra.report import history, render
+from elastic_hydra.report import history, plan_view, render
 from elastic_hydra.sweeps import view
 from elastic_hydra.sweeps.pool import JobRow, PoolJob, State
 from tests.report.test_render_golden import plan
@@ -33,7 +33,7 @@ def test_plan_shows_script_args_and_env_values_as_typed() -> None:
     base = plan()
     script = dataclasses.replace(base.entrypoint, args=(HOSTILE,))
     shown = text_of(
-        render.plan_table(dataclasses.replace(base, entrypoint=script, env=(("A", HOSTILE),)))
+        plan_view.plan_table(dataclasses.replace(base, entrypoint=script, env=(("A", HOSTILE),)))
     )
     assert "'[/x] [bold]b[/bold] [link=file:///etc]l'" in shown  # the command
     assert f"A={HOSTILE}" in shown  # the extra env
