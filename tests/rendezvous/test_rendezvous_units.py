@@ -348,6 +348,7 @@ class GoneEtcd:
 
 def test_a_gone_etcd_store_fails_within_the_store_errors_and_loses_only_what_it_held() -> None:
     import etcd  # python-etcd: the test command installs it, as torch's etcd rendezvous needs
+
     store = guarded(GoneEtcd(etcd.EtcdConnectionFailed), DynamicBackend.ETCD_V2)
     with pytest.raises(STORE_ERRORS) as caught:
         store.set("key", "value")
