@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.records import JobResult, RunStatus, RunSummary
-from elastic_hydra.report import notices, timeline
+from elastic_hydra.report import gantt, notices, timeline
 from elastic_hydra.report.events_file import EventsRead, read_events
 from elastic_hydra.report.timeline import NodeView
-from elastic_hydra.rundir import LOGS_ROOT, RunDir, SweepDir, finished_runs, running_runs
+from elastic_hydra.rundir import (
+    LOGS_ROOT,
+    RunDir,
+    SweepDir,
+    finished_runs,
+    running_runs,
+    write_private,
+)
+
+POOL_JSON_MAX = 64 << 20  # bytes: a larger pool.json is no pool.json we wrote
 
 REPORT_USAGE = f"""usage: elastic-hydra report [RUN_DIR | SWEEP_DIR] [--html FILE]
 
@@ -47,6 +55,8 @@ def report(args: Sequence[str]) -> int:
     if not run.summary.exists() and (sweep := _sweep_results(where)):
         from elastic_hydra.report import render
 
+        if html is not None:
+            write_page(html, _sweep_page(where, sweep))
         render.print_sweep(sweep)
         return 0 if all(r.exit_code == 0 for r in sweep) else 1
     if not run.summary.exists() and (nodes := run.nodes()):
@@ -57,7 +67,7 @@ def report(args: Sequence[str]) -> int:
     events = _read_timeline(run).events
     if html is not None:
         view = NodeView(name=summary.host or where.name, summary=summary, events=events)
-        write_private(html, timeline.page(f"elastic-hydra run {where}", [view]))
+        write_page(html, timeline.page(f"elastic-hydra run {where}", [view]))
     history.print_report(summary, events)
     return 0 if summary.status is RunStatus.SUCCEEDED else 1
 
@@ -157,7 +167,7 @@ def _report_nodes(where: Path, nodes: list[RunDir], html: Path | None = None) ->
             NodeView(name=n.name, summary=n.summary, events=n.events, missing=n.missing)
             for n in found
         ]
-        write_private(html, timeline.page(f"elastic-hydra job {where}", views))
+        write_page(html, timeline.page(f"elastic-hydra job {where}", views))
     history.print_nodes(str(where), found)
     ok = all(n.summary is not None and n.summary.status is RunStatus.SUCCEEDED for n in found)
     return 0 if ok else 1
@@ -202,20 +212,30 @@ def _sweep_results(sweep: Path) -> list[JobResult]:
     return results
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write a page for its owner only (0600, also when the file was there before).
+def write_page(path: Path, text: str) -> None:
+    """Write a page for its owner only (0600, also where a file was there before).
 
     Raises:
         ConfigError: it cannot be written (names the file and why).
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(fd, 0o600)
-            f.write(text)
+        write_private(path, text)
     except OSError as exc:
         raise ConfigError(
             "report --html", f"cannot write the page ({exc.strerror})", str(path),
             "expected a writable file path",
         ) from None  # fmt: skip
     print(f"elastic-hydra report: wrote {path}", file=sys.stderr)
+
+
+def _sweep_page(where: Path, results: list[JobResult]) -> str:
+    """A sweep's Gantt page: from pool.json where the pool ran it, else from the results."""
+    bars: list[gantt.JobBar] = []
+    bad = 0
+    with contextlib.suppress(OSError, ValueError, RecursionError):
+        pool = SweepDir(where).pool
+        if pool.stat().st_size < POOL_JSON_MAX:
+            bars, bad = gantt.pool_bars(json.loads(pool.read_bytes()))
+    if not bars:
+        bars = gantt.result_bars(results)
+    return gantt.sweep_page(f"elastic-hydra sweep {where}", bars, results, bad)

@@ -51,7 +51,8 @@ pre{white-space:pre-wrap;font-size:12px;max-height:320px;overflow:auto}
 .legend span{display:inline-block;margin-right:14px}
 .sw{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}
 table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right}
-td:first-child,th:first-child{text-align:left}svg text{font:11px system-ui,sans-serif}"""
+td:first-child,th:first-child,.l{text-align:left}td:first-child{white-space:nowrap}
+svg text{font:11px system-ui,sans-serif}"""
 
 
 def esc(text: object) -> str:

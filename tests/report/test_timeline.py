@@ -1,6 +1,6 @@
-"""`report RUN_DIR --html FILE`: the page of real runs (one node, a failed two-node job) loaded
-in headless Chromium, screenshot checked non-blank, the rendered DOM naming every rank; and what
-a run wrote never runs as script."""
+"""`report DIR --html FILE`: the pages of real runs (one node, a failed two-node job, a pool
+sweep) loaded in headless Chromium, the screenshot checked non-blank, the rendered DOM naming
+every rank (every job); and what a run wrote never runs as script."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from elastic_hydra.agent import events as ev
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.records import FailureRecord, RunStatus, RunSummary
-from elastic_hydra.report import goodput, timeline
+from elastic_hydra.report import gantt, goodput, timeline
 from tests.conftest import ELASTIC_HYDRA, WORKERS, free_port
 from tests.harness import launcher_env, run
 from tests.multinode import FAST, job
@@ -138,3 +138,32 @@ def test_html_without_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "report --html: needs the file to write (got '--html')" in line, line
+
+
+# ------------------------------------------------------------------------------------ sweeps
+def test_the_page_of_a_pool_sweep_draws_each_job_on_its_slot(tmp_path: Path) -> None:
+    codes = ["0", "3", "0", "0"]
+    args = ",".join(f"[--code,{c}]" for c in codes)
+    proc = run(
+        "-m", "hydra/launcher=pool", "hydra.launcher.slots=2", f"script={WORKERS / 'exit_code.py'}",
+        f"args={args}", f"logs.root={tmp_path / 'logs'}", "logs=quiet", cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # job 1 failed
+    sweep_dir = next((tmp_path / "logs" / "multirun").glob("*/*"))
+    page = tmp_path / "sweep.html"
+    shown = report_html(sweep_dir, page, tmp_path)
+    assert shown.returncode == 1, shown.stderr
+    assert stat.S_IMODE(page.stat().st_mode) == 0o600
+    dom = check_in_browser(page, ["job 0", "job 1", "job 2", "job 3", "slot 0", "slot 1"])
+    assert "4 job(s), 1 failed" in dom and "args=[--code,3]" in dom
+
+
+def test_pool_json_rows_that_do_not_read_are_skipped_and_counted() -> None:
+    good = {"number": 0, "overrides": [HOSTILE], "state": "succeeded", "slot": 0,
+            "where": "CPU 0", "start_s": 0.0, "end_s": 1.5, "exit_code": 0}  # fmt: skip
+    rows = [good, {**good, "number": "1"}, {**good, "state": "<b>"}, [], {**good, "slot": 1.5}]
+    bars, bad = gantt.pool_bars({"jobs": rows})
+    assert [b.number for b in bars] == [0] and bad == 4
+    assert gantt.pool_bars("nonsense") == ([], 0) and gantt.pool_bars({"jobs": {}}) == ([], 0)
+    html = gantt.sweep_page(f"sweep {HOSTILE}", bars, [], bad)
+    assert "<script" not in html.lower() and "4 row(s) of pool.json did not read" in html
