@@ -79,7 +79,7 @@ def ledger_table(ledger: Ledger, *, plain: bool, title: str = "") -> Table:
     for name in ("phase", "wall (s)", "share", "GPU-s"):
         table.add_column(name, justify="left" if name == "phase" else "right")
     for row in ledger.phases:
-        if row.wall_s > 0 or row.phase is Phase.RUNNING:
+        if round(row.wall_s, 3) > 0 or row.phase is Phase.RUNNING:
             share = row.wall_s / ledger.wall_s if ledger.wall_s > 0 else 0.0
             table.add_row(row.phase.value, f"{row.wall_s:.3f}", f"{share:.1%}", f"{row.gpu_s:.1f}")
     table.add_row("total", f"{ledger.wall_s:.3f}", f"{goodput.attributed_fraction(ledger):.1%}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -12,11 +13,13 @@ import pytest
 from elastic_hydra.agent import events as ev
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import ChangeKind
+from elastic_hydra.gpus import Gpu, WorkerDevices
 from elastic_hydra.plan import HangAction
 from elastic_hydra.records import Ledger, Phase, RunSummary
 from elastic_hydra.report import goodput
+from elastic_hydra.report.summary import node_ledger
 from tests.conftest import WORKERS
-from tests.harness import run
+from tests.harness import plan_of, run
 
 WALL = 1_000_000.0  # wall clock = monotonic + WALL in these timelines
 
@@ -223,3 +226,18 @@ def test_a_real_run_with_a_restart_and_a_hang_adds_up_to_its_wall_time(tmp_path:
     shown = run("report", str(run_dir), cwd=tmp_path)
     assert "goodput ledger: node" in shown.stdout
     assert "lost: attempt 1, hang" in shown.stdout and "hung" in shown.stdout
+
+
+def test_gpu_seconds_count_the_distinct_gpus_the_plan_gives_the_workers() -> None:
+    a, b = Gpu(index=0, uuid="GPU-a"), Gpu(index=1, uuid="GPU-b")
+    one = [*rdzv(0.0, 0), started(1.0, 0), exited(3.0, 0, 0, 0), exited(3, 1, 0, 0), finish(3)]
+    plan = plan_of(f"script={WORKERS / 'idle.py'}", "nproc_per_node=2")
+    for devices, held in [
+        ((), 0),  # devices left alone (a CPU job): no GPU counted
+        ((WorkerDevices(gpus=(a,), own=a), WorkerDevices(gpus=(b,), own=b)), 2),  # isolate
+        ((WorkerDevices(gpus=(a, b), own=a), WorkerDevices(gpus=(a, b), own=b)), 2),  # visible
+    ]:
+        gpu_plan = dataclasses.replace(plan, devices=devices)
+        led = node_ledger(gpu_plan, one, host="h", start=0.0, end=4.0)
+        assert led.gpus == held
+        assert {p.phase: p.gpu_s for p in led.phases}[Phase.RUNNING] == 2.0 * held
