@@ -20,6 +20,7 @@ from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
 TIMEOUT = 90.0
+PROFILES = f"eh-chromium-{os.getpid()}-"  # this test process's browser profiles: find what is left
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -38,7 +39,7 @@ def browser() -> str:
 def _chromium(*args: str) -> bytes:
     """Run the browser on `args` in its own process group; its stdout. Killed, group and all,
     when it ends or overruns."""
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix=PROFILES) as profile:
         proc = subprocess.Popen(
             [browser(), *FLAGS, f"--user-data-dir={profile}", *args],
             stdout=subprocess.PIPE,

@@ -129,7 +129,8 @@ def test_what_a_run_wrote_is_shown_never_run(tmp_path: Path) -> None:
 def test_chromium_runs_nothing_after_it_returns() -> None:
     page = Path(os.devnull)  # an empty document loads at once
     assert chromium.dump_dom(page).startswith("<html")
-    leftovers = subprocess.run(["pgrep", "-f", "chromium-"], capture_output=True, check=False)
+    found = ["pgrep", "-f", chromium.PROFILES]
+    leftovers = subprocess.run(found, capture_output=True, check=False, timeout=10)
     assert leftovers.stdout == b"", leftovers.stdout
 
 
