@@ -238,4 +238,5 @@ def _sweep_page(where: Path, results: list[JobResult]) -> str:
             bars, bad = gantt.pool_bars(json.loads(pool.read_bytes()))
     if not bars:
         bars = gantt.result_bars(results)
-    return gantt.sweep_page(f"elastic-hydra sweep {where}", bars, results, bad)
+    title = f"elastic-hydra sweep {where}"
+    return gantt.sweep_page(title, bars, results, bad, SweepDir(where).pool.name)

@@ -98,14 +98,17 @@ def result_bars(results: Sequence[JobResult]) -> list[JobBar]:
     return bars
 
 
-def sweep_page(title: str, bars: Sequence[JobBar], results: Sequence[JobResult], bad: int) -> str:
-    """The sweep's page: the Gantt chart, then the jobs' table."""
+def sweep_page(
+    title: str, bars: Sequence[JobBar], results: Sequence[JobResult], bad: int, source: str = ""
+) -> str:
+    """The sweep's page: the Gantt chart, then the jobs' table (`bad`: rows of the pool's
+    record, the file `source`, that did not read)."""
     parts = [f"<h1>{esc(title)}</h1>"]
     failed = [b for b in bars if b.state == "failed" or (b.exit_code or 0) != 0]
     parts.append(
         f'<div class="cause{"" if failed else " ok"}" id="ending">{len(bars)} job(s), '
         f"{len(failed)} failed"
-        + (f"; {bad} row(s) of pool.json did not read and are left out" if bad else "")
+        + (f"; {bad} row(s) of {esc(source)} did not read and are left out" if bad else "")
         + "</div>"
     )
     parts.append("<h2>jobs on the pool's slots</h2>" + _legend())

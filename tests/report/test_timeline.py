@@ -166,5 +166,5 @@ def test_pool_json_rows_that_do_not_read_are_skipped_and_counted() -> None:
     bars, bad = gantt.pool_bars({"jobs": rows})
     assert [b.number for b in bars] == [0] and bad == 4
     assert gantt.pool_bars("nonsense") == ([], 0) and gantt.pool_bars({"jobs": {}}) == ([], 0)
-    html = gantt.sweep_page(f"sweep {HOSTILE}", bars, [], bad)
+    html = gantt.sweep_page(f"sweep {HOSTILE}", bars, [], bad, "pool.json")
     assert "<script" not in html.lower() and "4 row(s) of pool.json did not read" in html
