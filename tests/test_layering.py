@@ -39,7 +39,13 @@ FOLDERS: dict[str, set[str]] = {
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun")
 PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact")
-PURE_MORE = ("hangs.verdict", "rendezvous.sealed_records")
+PURE_MORE = (
+    "hangs.verdict",
+    "rendezvous.sealed_records",
+    "report.goodput",
+    "report.timeline",
+    "report.gantt",
+)
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
 # Third-party imports, by the folder or module that may make them.

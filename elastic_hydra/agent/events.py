@@ -123,6 +123,15 @@ class WorkerExited(_Event):
     exit: str  # the return code, told (records.describe_returncode(...).short)
     terminated_by_launcher: bool
     attempt: int
+    # A failure's: when (wall clock) the hang watch last saw a rank of the attempt progress;
+    # the work lost to it counts from there. None: no watch, or not a failure (left out).
+    last_progress: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        line = _Event.to_json(self)
+        if self.last_progress is None:
+            del line["last_progress"]
+        return line
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

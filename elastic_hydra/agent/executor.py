@@ -241,6 +241,7 @@ class Executor(CollateralWait):
             terminated_by_launcher=by_launcher,
         )
         self.state.exits.append(record)
+        failed = record.returncode != 0 and not by_launcher
         self.observer.emit(
             events.WorkerExited(
                 **self._now(),
@@ -251,6 +252,7 @@ class Executor(CollateralWait):
                 exit=describe_returncode(record.returncode).short,
                 terminated_by_launcher=by_launcher,
                 attempt=self.state.attempts,
+                last_progress=self.hang.last_progress() if failed and self.hang else None,
             )
         )
         return record

@@ -142,6 +142,11 @@ class HangWatch(Protocol):
         """The hang found now, every rank's stack saved first; None while a rank progresses,
         and after a hang until progress resumes."""
 
+    def last_progress(self) -> float | None:
+        """When (wall clock) a rank of this attempt last made progress, as of the last look
+        (the attempt's start before any); None before the first attempt. The goodput ledger's
+        work lost to a failure starts there."""
+
 
 class WorkerGroupFactory(Protocol):
     def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> WorkerGroup:

@@ -15,16 +15,28 @@ from pathlib import Path
 
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.records import JobResult, RunStatus, RunSummary
-from elastic_hydra.report import notices
+from elastic_hydra.report import gantt, notices, timeline
 from elastic_hydra.report.events_file import EventsRead, read_events
-from elastic_hydra.rundir import LOGS_ROOT, RunDir, SweepDir, finished_runs, running_runs
+from elastic_hydra.report.timeline import NodeView
+from elastic_hydra.rundir import (
+    LOGS_ROOT,
+    RunDir,
+    SweepDir,
+    finished_runs,
+    running_runs,
+    write_private,
+)
 
-REPORT_USAGE = f"""usage: elastic-hydra report [RUN_DIR | SWEEP_DIR]
+POOL_JSON_MAX = 64 << 20  # bytes: a larger pool.json is no pool.json we wrote
 
-Show a finished launch again: its timeline, its attempts and, for a failure, the root cause
-(failures that restarts recovered, with their tracebacks too). Without a directory: the latest
-run under ./{LOGS_ROOT}. A sweep's directory shows its table; a multi-node job's, every node.
-Exits 0 for a run (or sweep) that succeeded, 1 for one that did not, 2 for bad input."""
+REPORT_USAGE = f"""usage: elastic-hydra report [RUN_DIR | SWEEP_DIR] [--html FILE]
+
+Show a finished launch again: its timeline, its attempts, its goodput ledger and, for a failure,
+the root cause (failures that restarts recovered, with their tracebacks too). Without a
+directory: the latest run under ./{LOGS_ROOT}. A sweep's directory shows its table; a multi-node
+job's, every node. --html FILE also writes the run as one self-contained page (a row per rank
+across attempts; for a sweep, a row per job on its pool slot). Exits 0 for a run (or sweep) that
+succeeded, 1 for one that did not, 2 for bad input."""
 
 
 def report(args: Sequence[str]) -> int:
@@ -32,24 +44,53 @@ def report(args: Sequence[str]) -> int:
     if list(args) in (["-h"], ["--help"]):
         print(REPORT_USAGE)
         return 0
-    if len(args) > 1:
+    rest, html = _html_option(args)
+    if len(rest) > 1:
         raise ConfigError(
-            "report", "takes one run dir", " ".join(args), "expected elastic-hydra report [RUN_DIR]"
-        )
-    where = Path(args[0]) if args else _latest_run(Path(LOGS_ROOT))
+            "report", "takes one run dir", " ".join(args),
+            "expected elastic-hydra report [RUN_DIR] [--html FILE]",
+        )  # fmt: skip
+    where = Path(rest[0]) if rest else _latest_run(Path(LOGS_ROOT))
     run = RunDir(where)
     if not run.summary.exists() and (sweep := _sweep_results(where)):
         from elastic_hydra.report import render
 
+        if html is not None:
+            write_page(html, _sweep_page(where, sweep))
         render.print_sweep(sweep)
         return 0 if all(r.exit_code == 0 for r in sweep) else 1
     if not run.summary.exists() and (nodes := run.nodes()):
-        return _report_nodes(where, nodes)
+        return _report_nodes(where, nodes, html)
     summary = _read_summary(run)
     from elastic_hydra.report import history
 
-    history.print_report(summary, _read_timeline(run).events)
+    events = _read_timeline(run).events
+    if html is not None:
+        view = NodeView(name=summary.host or where.name, summary=summary, events=events)
+        write_page(html, timeline.page(f"elastic-hydra run {where}", [view]))
+    history.print_report(summary, events)
     return 0 if summary.status is RunStatus.SUCCEEDED else 1
+
+
+def _html_option(args: Sequence[str]) -> tuple[list[str], Path | None]:
+    """The arguments without `--html FILE` (or `--html=FILE`), and FILE.
+
+    Raises:
+        ConfigError: --html without a file.
+    """
+    rest, html, it = [], None, iter(args)
+    for arg in it:
+        if arg == "--html" or arg.startswith("--html="):
+            value = arg.partition("=")[2] or next(it, "")
+            if not value:
+                raise ConfigError(
+                    "report --html", "needs the file to write", arg,
+                    "expected elastic-hydra report RUN_DIR --html FILE",
+                )  # fmt: skip
+            html = Path(value)
+        else:
+            rest.append(arg)
+    return rest, html
 
 
 def _read_summary(run: RunDir) -> RunSummary:
@@ -103,7 +144,7 @@ def _read_timeline(run: RunDir) -> EventsRead:
     return read
 
 
-def _report_nodes(where: Path, nodes: list[RunDir]) -> int:
+def _report_nodes(where: Path, nodes: list[RunDir], html: Path | None = None) -> int:
     """A multi-node job's run dir: each node's run (0 when every node succeeded)."""
     from elastic_hydra.report import history
 
@@ -121,6 +162,12 @@ def _report_nodes(where: Path, nodes: list[RunDir]) -> int:
             continue
         events = _read_timeline(node).events
         found.append(history.NodeRun(name=name, path=path, summary=summary, events=events))
+    if html is not None:
+        views = [
+            NodeView(name=n.name, summary=n.summary, events=n.events, missing=n.missing)
+            for n in found
+        ]
+        write_page(html, timeline.page(f"elastic-hydra job {where}", views))
     history.print_nodes(str(where), found)
     ok = all(n.summary is not None and n.summary.status is RunStatus.SUCCEEDED for n in found)
     return 0 if ok else 1
@@ -163,3 +210,33 @@ def _sweep_results(sweep: Path) -> list[JobResult]:
                 results.append(JobResult.from_json(json.loads(path.read_text())))
                 break
     return results
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write a page for its owner only (0600, also where a file was there before).
+
+    Raises:
+        ConfigError: it cannot be written (names the file and why).
+    """
+    try:
+        write_private(path, text)
+    except OSError as exc:
+        raise ConfigError(
+            "report --html", f"cannot write the page ({exc.strerror})", str(path),
+            "expected a writable file path",
+        ) from None  # fmt: skip
+    print(f"elastic-hydra report: wrote {path}", file=sys.stderr)
+
+
+def _sweep_page(where: Path, results: list[JobResult]) -> str:
+    """A sweep's Gantt page: from pool.json where the pool ran it, else from the results."""
+    bars: list[gantt.JobBar] = []
+    bad = 0
+    with contextlib.suppress(OSError, ValueError, RecursionError):
+        pool = SweepDir(where).pool
+        if pool.stat().st_size < POOL_JSON_MAX:
+            bars, bad = gantt.pool_bars(json.loads(pool.read_bytes()))
+    if not bars:
+        bars = gantt.result_bars(results)
+    title = f"elastic-hydra sweep {where}"
+    return gantt.sweep_page(title, bars, results, bad, SweepDir(where).pool.name)

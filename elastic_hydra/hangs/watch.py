@@ -84,6 +84,10 @@ class LocalHangWatch:
         record = self.evidence(running, idle, now)
         return record if self.job is None else self.job.share_hang(record)
 
+    def last_progress(self) -> float | None:
+        """seams.HangWatch: the latest progress of any rank of this attempt, as last seen."""
+        return max((r.last_progress for r in self.ranks.values()), default=None)
+
     def _look(self, local_rank: int, now: float) -> None:
         changed, ran = _read_times(self.run.progress_file(self.workers.attempt, local_rank))
         pid, rank = self.workers.pids[local_rank], self.ranks[local_rank]

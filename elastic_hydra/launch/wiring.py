@@ -33,7 +33,7 @@ from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
 from elastic_hydra.report import notices
 from elastic_hydra.report.failure_files import read_failure
-from elastic_hydra.report.summary import summarize
+from elastic_hydra.report.summary import node_ledger, summarize
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_kept
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.workers.console import ConsoleSink
@@ -304,13 +304,16 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             rdzv.close()
         events.close()
         flag.close()
+    ended_at = time.monotonic()
+    ledger = node_ledger(plan, events.events, host=_host(), start=started, end=ended_at)
     summary = summarize(
         plan,
         outcome,
         host=_host(),
         started=started_at,
-        duration=time.monotonic() - started,
+        duration=ended_at - started,
         job_failures=job_failures,
+        ledger=ledger,
     )
     summary = save_summary(run_dir, summary, _disk_full(events))
     _report(plan, outcome, summary, factory.sink)

@@ -10,6 +10,12 @@
   progress).
 - `events_file`: `events.jsonl` read back as typed events, the one reader of a run's timeline
   (`report`, `stacks`); lines cut short or of unknown kinds are skipped and counted.
+- `goodput`: the goodput ledger (pure): a node's wall time cut into phases (start-up,
+  rendezvous, running, restart, hung, stopping ...) from its events, GPU-seconds, the work lost
+  to each failure; a job's as the sum of its nodes'. Kept in summary.json.
+- `timeline`: `report --html`: a run as one self-contained HTML page, inline SVG, every string
+  from the run escaped (pure: the command writes it, 0600); `gantt`: a sweep's page, the
+  pool's jobs on their slots, from pool.json read back as untrusted data (pure).
 
 Imports: hangs, agent, resolve (the machine facts a plan shows) and the root.
 """

@@ -24,7 +24,8 @@ from elastic_hydra.agent.events import (
     WorkerExited,
     WorkersStarted,
 )
-from elastic_hydra.records import RunStatus, RunSummary
+from elastic_hydra.records import Ledger, Phase, RunStatus, RunSummary
+from elastic_hydra.report import goodput
 from elastic_hydra.report.notices import took
 from elastic_hydra.report.render import (
     console,
@@ -58,7 +59,35 @@ def run_report(
             on_the_way.append(Text(f"reported on the way: {summary.hang.verdict}", style="yellow"))
             on_the_way += hang_section(summary.hang, plain=plain)
         ending = Group(*on_the_way, *peer_section(summary.peer_failures), ending)
-    return [timeline(events, plain=plain), attempts_table(events, plain=plain), ending]
+    shown: list[RenderableType] = [timeline(events, plain=plain)]
+    shown.append(attempts_table(events, plain=plain))
+    if summary.ledger is not None:
+        shown.append(ledger_table(summary.ledger, plain=plain))
+    return [*shown, ending]
+
+
+def ledger_table(ledger: Ledger, *, plain: bool, title: str = "") -> Table:
+    """The goodput ledger in one short table: each phase that took time, its share of the wall
+    time and its GPU-seconds; the work lost to failures below."""
+    gpus = f"{ledger.gpus} GPU(s)" if ledger.gpus else "no GPU: GPU-s 0"
+    table = Table(
+        title=title or f"goodput ledger: node {', '.join(ledger.nodes)} ({gpus})",
+        title_justify="left",
+        box=None if plain else box.SIMPLE,
+        pad_edge=False,
+    )
+    for name in ("phase", "wall (s)", "share", "GPU-s"):
+        table.add_column(name, justify="left" if name == "phase" else "right")
+    for row in ledger.phases:
+        if round(row.wall_s, 3) > 0 or row.phase is Phase.RUNNING:
+            share = row.wall_s / ledger.wall_s if ledger.wall_s > 0 else 0.0
+            table.add_row(row.phase.value, f"{row.wall_s:.3f}", f"{share:.1%}", f"{row.gpu_s:.1f}")
+    table.add_row("total", f"{ledger.wall_s:.3f}", f"{goodput.attributed_fraction(ledger):.1%}",
+                  f"{sum(p.gpu_s for p in ledger.phases):.1f}", style="bold")  # fmt: skip
+    for work in ledger.lost:
+        lost = "not known (no progress seen)" if work.lost_s is None else f"{work.lost_s:.3f}"
+        table.add_row(f"lost: attempt {work.attempt}, {work.cause}", lost, "", "")
+    return table
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +197,8 @@ def print_nodes(where: str, nodes: Sequence[NodeRun]) -> None:
     out = console()
     plain = not out.is_terminal
     parts: list[RenderableType] = [nodes_table(where, nodes, plain=plain)]
+    if (job := job_ledger_table(nodes, plain=plain)) is not None:
+        parts.append(job)
     for node in nodes:
         parts.append(Text(f"\nnode {node.name}: {node.path}", style="bold"))
         if node.summary is None:
@@ -198,3 +229,17 @@ def nodes_table(where: str, nodes: Sequence[NodeRun], *, plain: bool) -> Table:
             f"{s.duration_s:.2f}",
         )  # fmt: skip
     return table
+
+
+def job_ledger_table(nodes: Sequence[NodeRun], *, plain: bool) -> Table | None:
+    """The job's account: the sum of the ledgers of the nodes whose summary was read here
+    (wall in node-seconds); the title names the nodes it covers and those it does not."""
+    have = [n for n in nodes if n.summary is not None and n.summary.ledger is not None]
+    job = goodput.job_ledger([n.summary.ledger for n in have if n.summary and n.summary.ledger])
+    if job is None:
+        return None
+    missing = [n.name for n in nodes if n not in have]
+    title = f"goodput ledger: job, the sum of node(s) {', '.join(n.name for n in have)}"
+    if missing:
+        title += f" (not counted, no ledger: {', '.join(missing)})"
+    return ledger_table(job, plain=plain, title=title + "; wall in node-seconds")

@@ -7,9 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.plan import Command, LaunchPlan, PythonModule, PythonScript
-from elastic_hydra.records import FailureRecord, RunStatus, RunSummary, job_root_cause, signal_name
+from elastic_hydra.records import (
+    FailureRecord,
+    Ledger,
+    RunStatus,
+    RunSummary,
+    job_root_cause,
+    signal_name,
+)
+from elastic_hydra.report import goodput
 
 
 def summarize(
@@ -20,6 +29,7 @@ def summarize(
     started: float,
     duration: float,
     job_failures: Sequence[FailureRecord] = (),
+    ledger: Ledger | None = None,
 ) -> RunSummary:
     """The summary of one launch on this node.
 
@@ -49,6 +59,7 @@ def summarize(
         exits=outcome.exits,
         hang=outcome.hang,
         peer_failures=outcome.peer_failures,
+        ledger=ledger,
     )
 
 
@@ -60,3 +71,12 @@ def entrypoint_name(plan: LaunchPlan) -> str:
             return f"-m {name}"
         case Command(program=program):
             return program
+
+
+def node_ledger(
+    plan: LaunchPlan, events: Sequence[Event], *, host: str, start: float, end: float
+) -> Ledger:
+    """This node's goodput ledger (`start`, `end`: the agent's, on the monotonic clock); its
+    GPUs are those the plan gives its workers (none where it leaves devices alone)."""
+    held = {gpu.uuid for worker in plan.devices for gpu in worker.gpus}
+    return goodput.ledger(events, node=host, start=start, end=end, gpus=len(held))

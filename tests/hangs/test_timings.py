@@ -49,6 +49,9 @@ class FakeWatch:
         return HangRecord(verdict="hang after 10 s without progress: ...", idle_s=10.0,
                           timeout_s=10.0, action=HangAction.FAIL, attempt=0, time=0.0)  # fmt: skip
 
+    def last_progress(self) -> float | None:
+        return self.started
+
 
 @pytest.mark.parametrize(("stop_grace", "grace"), [(60.0, 5.0), (2.0, 2.0)])
 def test_a_hung_group_is_stopped_with_hang_grace_at_most_stop_grace(
