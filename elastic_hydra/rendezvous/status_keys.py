@@ -12,11 +12,13 @@ connection, never at import.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from datetime import timedelta
 from typing import Any
 
 from elastic_hydra.errors import STORE_ERRORS
 from elastic_hydra.plan import Endpoint
+from elastic_hydra.rendezvous import torch_handler
 
 STATUS = "elastic_hydra/{run_id}/status/"
 MAX_NODES = 4096
@@ -27,8 +29,11 @@ Store = Any
 
 
 def connect(endpoint: Endpoint, timeout: float = TIMEOUT) -> Store:
-    """A client of the c10d store at `endpoint` (raises within STORE_ERRORS)."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
+    """A client of the c10d store at `endpoint` (raises within STORE_ERRORS). torch loads
+    quietly (its C++ log, NumPy's absence): a refusal is told by the caller, in one line."""
+    with warnings.catch_warnings(), torch_handler.quiet_torch_cpp(True):
+        warnings.simplefilter("ignore")
+        from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
 
     return TCPStore(
         endpoint.host, endpoint.port, is_master=False, timeout=timedelta(seconds=timeout)
