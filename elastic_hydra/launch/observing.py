@@ -8,30 +8,43 @@ status; a status that fails never costs the timeline.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.seams import Observer
+from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
+from elastic_hydra.observe.metrics import Metrics
 from elastic_hydra.observe.publish import PERIOD, Publisher, Sink
 from elastic_hydra.observe.status import Tracker
-from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
+from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan, Standalone, Static
+from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
 
 
 @dataclass(slots=True)
 class Observers:
-    """The timeline, then the status publisher."""
+    """The timeline, then the status publisher (and the metrics that read it)."""
 
     timeline: Observer
     status: Publisher
+    metrics: Metrics | None = None
 
     def emit(self, event: Event) -> None:
         self.timeline.emit(event)
         with contextlib.suppress(Exception):  # the status is a view; the timeline is the record
             self.status.emit(event)
+
+    def close(self) -> None:
+        """The last record and metrics (the agent ended), then the server closed."""
+        self.status.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 def progress_of(watch: LocalHangWatch) -> Mapping[int, float]:
@@ -39,8 +52,14 @@ def progress_of(watch: LocalHangWatch) -> Mapping[int, float]:
     return {lr: p.last_progress for lr, p in list(watch.ranks.items())}
 
 
-def start(plan: LaunchPlan, run: RunDir, host: str, watch: LocalHangWatch) -> Publisher:
-    """The publisher of this node's status, started (close it at the agent's end)."""
+def start(
+    plan: LaunchPlan, run: RunDir, host: str, watch: LocalHangWatch, timeline: Observer
+) -> Observers:
+    """The publisher of this node's status and its metrics, started (close them at the end).
+
+    Raises:
+        ConfigError: metrics.port cannot be listened on (taken, or not this machine's).
+    """
     tracker = Tracker(node=host, nproc=plan.nproc_per_node, agent_pid=os.getpid(), period=PERIOD)
     sinks: list[Sink] = []
     if isinstance(plan.rdzv, Dynamic) and plan.rdzv.backend is DynamicBackend.C10D:
@@ -50,5 +69,47 @@ def start(plan: LaunchPlan, run: RunDir, host: str, watch: LocalHangWatch) -> Pu
     publisher = Publisher(
         tracker, path=run.status, progress=lambda: progress_of(watch), sinks=sinks
     )
+    metrics = None
+    if plan.metrics.enabled:
+        metrics = Metrics(publisher.state)
+        if (textfile := plan.metrics.textfile) is not None:
+            publisher.after.append(functools.partial(metrics.write, Path(textfile)))
+        if plan.metrics.port is not None:
+            address = job_address(plan)
+            try:
+                port = metrics.serve(address, plan.metrics.port)
+            except OSError as exc:
+                raise ConfigError(
+                    "metrics.port", f"cannot listen on {address} ({exc.strerror or exc})",
+                    plan.metrics.port, "a free port, or 0 for any",
+                ) from None  # fmt: skip
+            notices.say(f"metrics on http://{Endpoint(host=address, port=port)}/metrics")
     publisher.start()
-    return publisher
+    return Observers(timeline, publisher, metrics)
+
+
+def job_address(plan: LaunchPlan) -> str:
+    """The address this node uses in the job: loopback on one node, else `local_addr`, else
+    the one its packets to the rendezvous (or node 0) leave from. Never every interface."""
+    match plan.rdzv:
+        case Standalone(host=host):
+            return host
+        case Static(master=master) | Dynamic(endpoint=master):
+            if plan.local_addr:
+                return plan.local_addr
+            return _source_address(master.host)
+    return LOOPBACK
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def _source_address(host: str) -> str:
+    """The local address of a route to `host` (a UDP connect sends nothing)."""
+    try:
+        family, _, _, _, where = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(where)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return LOOPBACK

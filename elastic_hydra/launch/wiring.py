@@ -241,7 +241,7 @@ def _execute(
     """The agent loop on this node's seams, to the outcome of this node's workers; the observer
     that saw it (the timeline and the status publisher, which the caller closes)."""
     hang = LocalHangWatch(plan, run_dir, _host(), job=rdzv.job_share())
-    observer = observing.Observers(events, observing.start(plan, run_dir, _host(), hang))
+    observer = observing.start(plan, run_dir, _host(), hang, events)
     try:
         outcome = Executor(
             plan,
@@ -254,7 +254,7 @@ def _execute(
             read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
         ).run()
     except BaseException:
-        observer.status.close()
+        observer.close()
         raise
     return outcome, observer
 
@@ -302,7 +302,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             try:
                 ended = rdzv.end(outcome.status, observer)
             finally:
-                observer.status.close()  # its last record: done, not stale
+                observer.close()  # its last record: done, not stale
             job_failures = _job_failures(ended)
             outcome = _failed_elsewhere(outcome, job_failures, ended.last_round)
     except BaseException as exc:  # a config error found only now, or a bug: leave a summary

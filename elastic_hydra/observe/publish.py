@@ -11,6 +11,7 @@ that ended is not taken for one that died.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from elastic_hydra.agent.events import Event
 from elastic_hydra.observe.sample import Sampler
-from elastic_hydra.observe.status import NodeStatus, Tracker, encode
+from elastic_hydra.observe.status import Counts, NodeStatus, Tracker, encode
 from elastic_hydra.rundir import write_private
 
 PERIOD = 2.0  # seconds between records
@@ -55,11 +56,16 @@ class Publisher:
             self.tracker.emit(event)
 
     def current(self) -> NodeStatus:
-        """The record as of now (a scrape of the metrics asks too)."""
+        """The record as of now."""
+        return self.state()[0]
+
+    def state(self) -> tuple[NodeStatus, Counts]:
+        """The record as of now, and what happened so far (a scrape of the metrics)."""
         with self.lock:
             samples = self.sampler.sample(self.tracker.live_pids())
             progress = self.progress()
-            return self.tracker.record(now=time.time(), samples=samples, progress=progress)
+            record = self.tracker.record(now=time.time(), samples=samples, progress=progress)
+            return record, copy.deepcopy(self.tracker.counts)
 
     def publish(self) -> None:
         """One record, to the run dir and every sink; failures cost this record only."""
