@@ -14,17 +14,25 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.seams import Observer
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
-from elastic_hydra.observe.metrics import Metrics
 from elastic_hydra.observe.publish import PERIOD, Publisher, Sink
 from elastic_hydra.observe.status import Tracker
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan, Standalone, Static
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
+
+if TYPE_CHECKING:  # prometheus_client loads only for a job that asks for metrics
+    from elastic_hydra.observe.metrics import Metrics
+
+
+# `off`: no status records (what benchmarks/observe_cost.py compares against); metrics on
+# turn them on regardless.
+STATUS_ENV = "ELASTIC_HYDRA_STATUS"
 
 
 @dataclass(slots=True)
@@ -71,6 +79,8 @@ def start(
     )
     metrics = None
     if plan.metrics.enabled:
+        from elastic_hydra.observe.metrics import Metrics
+
         metrics = Metrics(publisher.state)
         if (textfile := plan.metrics.textfile) is not None:
             publisher.after.append(functools.partial(metrics.write, Path(textfile)))
@@ -84,7 +94,8 @@ def start(
                     plan.metrics.port, "a free port, or 0 for any",
                 ) from None  # fmt: skip
             notices.say(f"metrics on http://{Endpoint(host=address, port=port)}/metrics")
-    publisher.start()
+    if os.environ.get(STATUS_ENV) != "off" or metrics is not None:
+        publisher.start()
     return Observers(timeline, publisher, metrics)
 
 

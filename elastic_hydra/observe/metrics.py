@@ -8,7 +8,7 @@ the node's name, ranks, states and causes: never a value of the job's config or 
     elastic_hydra_worker_last_progress_age_seconds{node,rank}
     elastic_hydra_worker_cpu_percent{node,rank}, elastic_hydra_worker_rss_bytes{node,rank}
     elastic_hydra_phase{node,phase}                            1 for the node's phase, else 0
-    elastic_hydra_attempt{node}, elastic_hydra_restarts{node}
+    elastic_hydra_attempt{node}
     elastic_hydra_restarts_total{node,cause}                   cause: failure, hang
     elastic_hydra_hang_verdicts_total{node,action}             action: report, restart, fail
     elastic_hydra_membership_changes_total{node,change}        change: joined, left, closed
@@ -49,7 +49,6 @@ class StatusCollector(Collector):
         yield _gauge(
             "attempt", "the current start of the worker group, from 0", node, record.attempt
         )
-        yield _gauge("restarts", "restarts spent (failures and hangs)", node, record.restarts)
         yield _counter("restarts", "restarts by cause", node, "cause", counts.restarts)
         yield _counter("hang_verdicts", "hang verdicts by action", node, "action", counts.hangs)
         yield _counter(

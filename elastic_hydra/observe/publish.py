@@ -91,11 +91,12 @@ class Publisher:
                 return
 
     def close(self) -> None:
-        """Stop the thread, publish the last record, release NVML."""
+        """Stop the thread, publish the last record, release NVML (nothing if never started)."""
         self.stopped.set()
-        if self.thread is not None:
-            self.thread.join(CLOSE_WAIT)
-            if self.thread.is_alive():  # a sink stuck on a store: the record on disk suffices
-                self.sinks = []
+        if self.thread is None:
+            return
+        self.thread.join(CLOSE_WAIT)
+        if self.thread.is_alive():  # a sink stuck on a store: the record on disk suffices
+            self.sinks = []
         self.publish()
         self.sampler.close()

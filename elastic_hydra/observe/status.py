@@ -260,7 +260,8 @@ class Tracker:
         workers = []
         for w in self.workers:
             age = None
-            if (last := progress.get(w.local_rank)) is not None and w.pid is not None:
+            live = w.state in (WorkerState.RUNNING, WorkerState.HUNG, WorkerState.STARTING)
+            if (last := progress.get(w.local_rank)) is not None and w.pid is not None and live:
                 age = round(max(0.0, now - last), 1)
             state = w.state
             timeout = self.hang_timeout

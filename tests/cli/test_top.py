@@ -3,14 +3,24 @@ publishes (real launches, plain-Python workers)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import select
 import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import WORKERS, wait_for
-from tests.harness import run, started
+import pytest
+
+from elastic_hydra.agent import events
+from elastic_hydra.agent.outcome import Status
+from elastic_hydra.observe.status import Tracker, encode
+from tests.conftest import ELASTIC_HYDRA, WORKERS, wait_for
+from tests.harness import launcher_env, run, started
 
 
 def top_json(*args: str, cwd: Path) -> dict[str, Any] | None:
@@ -98,3 +108,54 @@ def test_top_refuses_bad_words_in_one_line(tmp_path: Path) -> None:
 def test_top_without_a_run_dir_and_no_running_job_says_so(tmp_path: Path) -> None:
     shown = run("top", "--once", cwd=tmp_path, timeout=60)
     assert shown.returncode == 2 and "no running job" in shown.stderr
+
+
+def a_run_dir(tmp_path: Path) -> Path:
+    """A run dir with one node's record, as an agent writes it (phase done: never stale)."""
+    tracker = Tracker(node="node-a", nproc=2, agent_pid=1, period=2.0)
+    tracker.emit(events.WorkersStarted(wall_time=1.0, mono_time=1.0, pids=(4242, 4343), attempt=0))
+    tracker.emit(events.Finish(wall_time=1.0, mono_time=1.0, status=Status.SUCCEEDED,
+                               exit_code=0, reason="", attempts=1))  # fmt: skip
+    root = tmp_path / "run"
+    root.mkdir()
+    record = tracker.record(now=time.time(), samples={}, progress={})
+    (root / "status.json").write_bytes(encode(record))
+    return root
+
+
+@pytest.mark.parametrize("how", ["q", "SIGINT"])
+def test_top_on_a_terminal_draws_the_table_live_and_quits_cleanly(tmp_path: Path, how: str) -> None:
+    root = a_run_dir(tmp_path)
+    main_fd, term_fd = pty.openpty()
+    proc = subprocess.Popen(
+        [*ELASTIC_HYDRA, "top", str(root)], stdin=term_fd, stdout=term_fd, stderr=term_fd,
+        env=launcher_env(TERM="xterm-256color"), start_new_session=True,
+    )  # fmt: skip
+    os.close(term_fd)
+    screen = b""
+    try:
+
+        def drawn() -> bool:
+            nonlocal screen
+            if select.select([main_fd], [], [], 0.1)[0]:
+                screen += os.read(main_fd, 65536)
+            return screen.count(b"4343") >= 2  # drawn, then redrawn a second later
+
+        wait_for(drawn, 60, "the table, twice", detail=lambda: screen.decode(errors="replace"))
+        if how == "q":
+            os.write(main_fd, b"q")
+        else:
+            proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+        with contextlib.suppress(OSError):
+            while select.select([main_fd], [], [], 0.2)[0]:
+                screen += os.read(main_fd, 65536)
+    finally:
+        os.close(main_fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = screen.decode(errors="replace")
+    assert code == 0, text
+    assert "job: done" in text and "node-a" in text and "\x1b[" in text  # colour: a terminal
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text

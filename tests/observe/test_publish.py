@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -48,3 +50,10 @@ def test_cpu_is_a_rate_between_two_samples() -> None:
     assert list(second) == [me]
     percent = second[me].cpu_percent
     assert percent is not None and percent > 0
+
+
+def test_an_agent_without_metrics_does_not_load_prometheus_client() -> None:
+    probe = "import sys, elastic_hydra.launch.wiring; print('prometheus_client' in sys.modules)"
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=60, check=True)  # fmt: skip
+    assert shown.stdout.strip() == "False"

@@ -155,3 +155,12 @@ def test_a_snapshot_keeps_the_good_records_counts_the_others_and_marks_stale_nod
     assert out["phase"] == "running" and out["nodes"][1]["stale"] is True
     assert [w["state"] for w in out["nodes"][0]["workers"]] == ["running", "running"]
     assert WorkerState.HUNG.value == "hung"
+
+
+def test_a_worker_that_ended_has_no_progress_age() -> None:
+    t = tracker()
+    started(t)
+    t.emit(events.WorkerExited(**T, rank=2, local_rank=0, pid=10, returncode=0, exit="0",
+                               terminated_by_launcher=False, attempt=0))  # fmt: skip
+    record = t.record(now=200.0, samples={}, progress={0: 100.0, 1: 150.0})
+    assert [w.progress_age for w in record.workers] == [None, 50.0]
