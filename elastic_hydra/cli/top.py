@@ -2,8 +2,9 @@
 
 The records are the agents' status records (`observe.status`): a run dir's (this node's, or every
 node's of a multi-node job whose directories are shared), or, with `--endpoint`, every node's
-from the job's c10d store, read-only. On a terminal the table is redrawn about once a second
-until Ctrl-C or `q`; in a pipe, or with `--once`, one snapshot is printed (`--json`: as JSON).
+from the job's rendezvous store (c10d, or etcd with `--backend`), read-only. On a terminal the
+table is redrawn about once a second until Ctrl-C or `q`; in a pipe, or with `--once`, one
+snapshot is printed (`--json`: as JSON).
 Records that do not read as one are left out with one warning.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from elastic_hydra.errors import EXIT_CONFIG, STORE_ERRORS, ConfigError
 from elastic_hydra.observe.snapshot import Snapshot, run_dir_records, snapshot
-from elastic_hydra.plan import Endpoint
+from elastic_hydra.plan import DynamicBackend, Endpoint
 from elastic_hydra.rundir import LOGS_ROOT, running_runs
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 
@@ -40,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--endpoint", help="HOST:PORT of the job's c10d store (read-only)")
     parser.add_argument("--id", dest="run_id", help="the job's run id (rdzv.id), with --endpoint")
+    parser.add_argument(
+        "--backend", default="c10d", choices=[b.value for b in DynamicBackend],
+        help="the job's rdzv.backend, with --endpoint (default c10d)",
+    )  # fmt: skip
     parser.add_argument("--once", action="store_true", help="one snapshot, then exit")
     parser.add_argument("--json", action="store_true", help="one snapshot as JSON")
     return parser
@@ -103,18 +108,20 @@ def _reader(args: argparse.Namespace) -> Callable[[], Snapshot]:
                 "--endpoint", "needs --id RUN_ID and no run dir", args.endpoint,
                 "elastic-hydra top --endpoint HOST:PORT --id RUN_ID",
             )  # fmt: skip
-        return _store_reader(_endpoint(args.endpoint), args.run_id)
+        return _store_reader(_endpoint(args.endpoint), args.run_id, DynamicBackend(args.backend))
     root = Path(args.run_dir) if args.run_dir else _latest()
     if not root.is_dir():
         raise ConfigError("top", "no such run dir", str(root), "expected a run dir")
     return lambda: snapshot(run_dir_records(root), time.time())
 
 
-def _store_reader(endpoint: Endpoint, run_id: str) -> Callable[[], Snapshot]:
+def _store_reader(
+    endpoint: Endpoint, run_id: str, backend: DynamicBackend
+) -> Callable[[], Snapshot]:
     from elastic_hydra.rendezvous import status_keys
 
     try:
-        store = status_keys.connect(endpoint)
+        store = status_keys.connect(endpoint, backend)
     except STORE_ERRORS as exc:
         raise ConfigError(
             "--endpoint", f"cannot reach the store ({str(exc).splitlines()[0][:80]})",

@@ -1,5 +1,5 @@
-"""The agent's watchers wired: its status publisher (run dir, and the c10d store of a multi-node
-job), and its metrics when `metrics.port` or `metrics.textfile` asks for them.
+"""The agent's watchers wired: its status publisher (run dir, and the rendezvous store of a
+multi-node job), and its metrics when `metrics.port` or `metrics.textfile` asks for them.
 
 `Observers` is the executor's Observer: each event goes to the timeline first, then to the
 status; a status that fails never costs the timeline.
@@ -22,7 +22,7 @@ from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.observe.publish import PERIOD, Publisher, Sink
 from elastic_hydra.observe.status import Tracker
-from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, LaunchPlan, Standalone, Static
+from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan, Standalone, Static
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
 
@@ -70,10 +70,10 @@ def start(
     """
     tracker = Tracker(node=host, nproc=plan.nproc_per_node, agent_pid=os.getpid(), period=PERIOD)
     sinks: list[Sink] = []
-    if isinstance(plan.rdzv, Dynamic) and plan.rdzv.backend is DynamicBackend.C10D:
+    if isinstance(plan.rdzv, Dynamic):
         from elastic_hydra.rendezvous.status_keys import StoreSink
 
-        sinks.append(StoreSink(plan.rdzv.endpoint, plan.torch_run_id))
+        sinks.append(StoreSink(plan.rdzv.endpoint, plan.torch_run_id, plan.rdzv.backend))
     publisher = Publisher(
         tracker, path=run.status, progress=lambda: progress_of(watch), sinks=sinks
     )

@@ -1,4 +1,5 @@
-"""Status records in the c10d rendezvous store: each agent's, under its own slot of the run.
+"""Status records in the rendezvous store (c10d's TCPStore, or the etcd server of both etcd
+backends): each agent's, under its own slot of the run.
 
 An agent takes a slot once (`elastic_hydra/<run_id>/status/count`, added to) and replaces its
 record there every few seconds; `elastic-hydra top --endpoint` reads the count and every slot.
@@ -17,10 +18,11 @@ from datetime import timedelta
 from typing import Any
 
 from elastic_hydra.errors import STORE_ERRORS
-from elastic_hydra.plan import Endpoint
+from elastic_hydra.plan import DynamicBackend, Endpoint
 from elastic_hydra.rendezvous import torch_handler
 
 STATUS = "elastic_hydra/{run_id}/status/"
+ETCD_PREFIX = "/elastic_hydra"  # the etcd directory of our store (torch's rendezvous is elsewhere)
 MAX_NODES = 4096
 TIMEOUT = 2.0  # seconds for one connection or one request
 RETRY = 10.0  # seconds an agent waits before connecting again to a store that failed
@@ -28,25 +30,47 @@ RETRY = 10.0  # seconds an agent waits before connecting again to a store that f
 Store = Any
 
 
-def connect(endpoint: Endpoint, timeout: float = TIMEOUT) -> Store:
-    """A client of the c10d store at `endpoint` (raises within STORE_ERRORS). torch loads
-    quietly (its C++ log, NumPy's absence): a refusal is told by the caller, in one line."""
+def connect(
+    endpoint: Endpoint, backend: DynamicBackend = DynamicBackend.C10D, timeout: float = TIMEOUT
+) -> Store:
+    """A client of the job's store at `endpoint`: the c10d TCPStore, or the etcd server (both
+    etcd backends) through torch's EtcdStore under a prefix of ours. Raises within STORE_ERRORS.
+    torch loads quietly (its C++ log, NumPy's absence): a refusal is told by the caller."""
     with warnings.catch_warnings(), torch_handler.quiet_torch_cpp(True):
         warnings.simplefilter("ignore")
         from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
 
-    return TCPStore(
-        endpoint.host, endpoint.port, is_master=False, timeout=timedelta(seconds=timeout)
-    )
+        if backend is not DynamicBackend.C10D:
+            from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
+    if backend is DynamicBackend.C10D:
+        return TCPStore(
+            endpoint.host, endpoint.port, is_master=False, timeout=timedelta(seconds=timeout)
+        )
+    import etcd  # python-etcd, as torch's etcd handlers use it
+
+    try:
+        client = etcd.Client(host=endpoint.host, port=endpoint.port, read_timeout=timeout)
+        client.machines  # noqa: B018  (one request: is anyone there)
+    except etcd.EtcdException as exc:
+        raise ConnectionError(str(exc)) from exc
+    store = EtcdStore(client, ETCD_PREFIX, timedelta(seconds=timeout))
+    return torch_handler.guarded(store, backend)
 
 
 class StoreSink:
     """An agent's side: publishes its record to its slot (a `publish.Sink`)."""
 
-    def __init__(self, endpoint: Endpoint, run_id: str, clock: Any = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        run_id: str,
+        backend: DynamicBackend = DynamicBackend.C10D,
+        clock: Any = None,
+    ) -> None:
         import time
 
         self.endpoint, self.prefix = endpoint, STATUS.format(run_id=run_id)
+        self.backend = backend
         self.store: Store | None = None
         self.slot: int | None = None
         self.clock = clock or time.monotonic
@@ -57,7 +81,7 @@ class StoreSink:
             return  # the store failed a moment ago: do not wait on it at every record
         try:
             if self.store is None:
-                self.store = connect(self.endpoint)
+                self.store = connect(self.endpoint, self.backend)
             if self.slot is None:
                 self.slot = int(self.store.add(f"{self.prefix}count", 1))
             self.store.set(f"{self.prefix}{self.slot}", raw)

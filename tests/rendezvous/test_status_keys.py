@@ -15,6 +15,7 @@ from elastic_hydra.rendezvous import status_keys
 from tests.conftest import WORKERS, wait_for
 from tests.harness import run
 from tests.multinode import FAST, job, rdzv_server
+from tests.servers import etcd_server
 
 
 def top(endpoint: str, run_id: str, cwd: Path) -> tuple[dict[str, Any], str]:
@@ -102,3 +103,22 @@ def test_an_agent_whose_store_is_gone_loses_records_without_waiting_on_it_each_t
     assert time.monotonic() - started < 0.5
     now[0] = status_keys.RETRY + 1
     assert sink.failed_at == 0.0
+
+
+def test_top_reads_an_etcd_jobs_nodes_from_the_etcd_server(tmp_path: Path) -> None:
+    with (
+        etcd_server(tmp_path / "etcd-data") as server,
+        job(tmp_path, "etcd-v2", server.endpoint) as j,
+    ):
+        script = (f"script={WORKERS / 'hang_probe.py'}", "nnodes=2", "nproc_per_node=1")
+        for _ in range(2):
+            j.start(*script, *FAST, "args=[sleep]")
+
+        def both_running() -> dict[int, list[tuple[int, str]]] | None:
+            shown = run("top", "--endpoint", server.endpoint, "--id", j.run_id, "--backend",
+                        "etcd-v2", "--once", "--json", cwd=tmp_path, timeout=60)  # fmt: skip
+            assert shown.returncode in (0, 1), shown.stderr
+            found = by_node(json.loads(shown.stdout))
+            return found if found == {0: [(0, "running")], 1: [(1, "running")]} else None
+
+        wait_for(both_running, 120, "both etcd nodes' ranks running", detail=j.explain)
