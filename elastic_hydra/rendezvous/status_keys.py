@@ -97,7 +97,9 @@ def read_records(store: Store, run_id: str) -> list[bytes]:
         within STORE_ERRORS: the store did not answer the count.
     """
     prefix = STATUS.format(run_id=run_id)
-    count = min(max(int(store.add(f"{prefix}count", 0)), 0), MAX_NODES)
+    if not store.check([f"{prefix}count"]):  # no agent published yet (read-only: no add(0))
+        return []
+    count = min(max(int(bytes(store.get(f"{prefix}count")).decode()), 0), MAX_NODES)
     keys = [f"{prefix}{slot}" for slot in range(1, count + 1)]
     raws = []
     for key in keys:

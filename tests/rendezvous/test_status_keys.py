@@ -122,3 +122,32 @@ def test_top_reads_an_etcd_jobs_nodes_from_the_etcd_server(tmp_path: Path) -> No
             return found if found == {0: [(0, "running")], 1: [(1, "running")]} else None
 
         wait_for(both_running, 120, "both etcd nodes' ranks running", detail=j.explain)
+
+
+class FakeStore:
+    """A store that holds bytes and fails the test on any write."""
+
+    def __init__(self, values: dict[str, bytes]) -> None:
+        self.values = values
+        self.asked = 0
+
+    def check(self, keys: list[str]) -> bool:
+        self.asked += 1
+        return all(k in self.values for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
+
+    def add(self, key: str, amount: int) -> int:
+        raise AssertionError("top must not write to the store")
+
+    def set(self, key: str, value: bytes) -> None:
+        raise AssertionError("top must not write to the store")
+
+
+def test_reading_records_writes_nothing_and_caps_a_forged_count() -> None:
+    prefix = status_keys.STATUS.format(run_id="r")
+    assert status_keys.read_records(FakeStore({}), "r") == []
+    forged = FakeStore({f"{prefix}count": b"99999999", f"{prefix}2": b"{}"})
+    assert status_keys.read_records(forged, "r") == [b"{}"]
+    assert forged.asked == 1 + status_keys.MAX_NODES  # the count, then each slot up to the cap
