@@ -206,6 +206,19 @@ class HangSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsSpec:
+    """Prometheus metrics of the agent: served on `port` (0: any free one; None: not served)
+    of the job's address, and/or written to `textfile` (an absolute path; None: not written)."""
+
+    port: int | None = None
+    textfile: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.port is not None or self.textfile is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchPlan:
     """Everything the executor needs for one launch, validated."""
 
@@ -219,6 +232,7 @@ class LaunchPlan:
     restart: RestartSpec = RestartSpec()
     logs: LogSpec = LogSpec()
     hang: HangSpec = HangSpec()
+    metrics: MetricsSpec = MetricsSpec()
     stop_grace: float = 30.0
     monitor_interval: float = 0.1
     env: tuple[tuple[str, str], ...] = ()

@@ -26,6 +26,7 @@ _STDOUT, _STDERR, _ERROR, _FAULT = "stdout.log", "stderr.log", "error.json", "fa
 _STACKS, _PROGRESS = "stacks.txt", "progress"
 _POOL = "pool.json"
 _ROOM = ".room"  # .summary.json.room: the disk space kept for summary.json since the start
+_STATUS = "status.json"  # the agent's status record, replaced every few seconds (observe/)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +101,7 @@ class RunDir:
         """
         saved = [self.saved_config, self.saved_hydra, self.saved_overrides]
         ends = [self.summary, self.result, room(self.summary), room(self.result)]
-        for path in [self.plan, self.config, self.events, *ends, *saved]:
+        for path in [self.plan, self.config, self.events, self.status, *ends, *saved]:
             with contextlib.suppress(OSError):
                 path.unlink()
         with contextlib.suppress(OSError):
@@ -138,6 +139,11 @@ class RunDir:
     @property
     def result(self) -> Path:
         return self.root / _RESULT
+
+    @property
+    def status(self) -> Path:
+        """This node's latest status record (`elastic-hydra top`), replaced as the job goes."""
+        return self.root / _STATUS
 
     @property
     def hydra_dir(self) -> Path:

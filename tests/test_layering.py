@@ -23,17 +23,20 @@ PACKAGE = REPO / "elastic_hydra"
 ROOT = "(root)"
 FOLDERS: dict[str, set[str]] = {
     "cli": {"torchrun", "config", "launch", "hangs", "report",
-            "rendezvous"},  # `rdzv-server` runs the store server of rendezvous/
+            "rendezvous",  # `rdzv-server` runs the store server of rendezvous/
+            "observe"},  # `top`
     "torchrun": set(),
     "config": set(),
     "resolve": {"config"},
-    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report"},
+    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
+               "observe"},  # the status publisher and metrics
     "agent": set(),
     "workers": {"agent"},
     "rendezvous": {"hangs", "agent"},
     "hangs": {"agent"},
     "report": {"hangs", "agent", "resolve"},
     "sweeps": {"report", "resolve"},
+    "observe": {"agent", "hangs"},  # the events it folds; the /proc reader of the hang watch
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
@@ -45,6 +48,7 @@ PURE_MORE = (
     "report.goodput",
     "report.timeline",
     "report.gantt",
+    "observe.status",
 )
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
@@ -52,10 +56,11 @@ HEAVY = ("hydra", "omegaconf", "rich")
 MAY_IMPORT = {
     "hydra": {"config"},
     "omegaconf": {"config"},
-    # report's three renderers (failure report, plan, history) and the pool's live view.
-    "rich": {"report.render", "report.history", "report.plan_view", "sweeps.view"},
+    # report's three renderers (failure report, plan, history), the pool's live view, top's.
+    "rich": {"report.render", "report.history", "report.plan_view", "sweeps.view",
+             "observe.view"},  # `top`'s table
     "torch": {"rendezvous"},
-}
+}  # fmt: skip
 
 
 def modules() -> dict[str, Path]:

@@ -21,7 +21,7 @@ SOURCES = sorted((REPO / "elastic_hydra").rglob("*.py")) + sorted(
 NAMES = (
     "plan.json", "config.yaml", "events.jsonl", "summary.json", "result.json", "console.log",
     ".hydra", "hydra.yaml", "overrides.yaml", "attempt_", "stdout.log", "stderr.log",
-    "error.json", "fault.log", "stacks.txt", "pool.json", "eh_logs",
+    "error.json", "fault.log", "stacks.txt", "pool.json", "eh_logs", "status.json",
 )  # fmt: skip
 WHOLE = ("progress",)  # a common word: only a literal that is the name alone counts
 # Where a name may stay, and why.

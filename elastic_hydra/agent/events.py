@@ -104,6 +104,13 @@ class RendezvousRound(_Event):
     nodes: int
     world_size: int
     master: str  # host:port
+    base_rank: int | None = None  # global rank of local rank 0 (left out when None)
+
+    def to_json(self) -> dict[str, Any]:
+        line = _Event.to_json(self)
+        if self.base_rank is None:
+            del line["base_rank"]
+        return line
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

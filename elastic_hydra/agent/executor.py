@@ -120,6 +120,7 @@ class Executor(CollateralWait):
                 nodes=node.group_world_size,
                 world_size=node.world_size,
                 master=str(node.master),
+                base_rank=node.base_rank,
             )
         )
         return node

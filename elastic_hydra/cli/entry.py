@@ -23,6 +23,10 @@ def main() -> NoReturn:
             from elastic_hydra.cli import rdzv_server
 
             sys.exit(rdzv_server.main(sys.argv[2:]))
+        if sys.argv[1:2] == ["top"]:  # no Hydra: a viewer that starts at once
+            from elastic_hydra.cli import top
+
+            sys.exit(top.run(sys.argv[2:]))
         from elastic_hydra.cli import run
 
         run.main()

@@ -129,6 +129,18 @@ class HangConf:
 
 
 @dataclass
+class MetricsConf:
+    port: int | None = key(
+        None,
+        "serve Prometheus metrics from each agent on this port of the job's address (loopback "
+        "on one node); 0: a free port, printed; null: off",
+    )
+    textfile: str | None = key(
+        None, "write the same metrics to this file for node_exporter's textfile collector"
+    )
+
+
+@dataclass
 class ElasticHydraConf:
     script: str | None = key(None, "the entrypoint: a Python script (exactly one of three)")
     module: str | None = key(None, "... or a module, run as python -m")
@@ -159,6 +171,7 @@ class ElasticHydraConf:
     restart: RestartConf = group(RestartConf, "the restart policy")
     logs: LogsConf = group(LogsConf, "console and log files")
     hang: HangConf = group(HangConf, "when a job that makes no progress counts as hung")
+    metrics: MetricsConf = group(MetricsConf, "Prometheus metrics of each agent")
     stop_grace: float = key(30.0, "seconds between SIGTERM and SIGKILL when workers are stopped")
     monitor_interval: float = key(0.1, "seconds between membership checks (multi-node)")
     env: dict[str, str] = key({}, "extra environment for the workers: env.NAME=value")

@@ -25,6 +25,7 @@ from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import JobFailures, Rendezvous
 from elastic_hydra.errors import EXIT_BUG, ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
+from elastic_hydra.launch import observing
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
 from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan
@@ -236,18 +237,26 @@ def _execute(
     factory: LocalWorkerFactory,
     flag: StopFlag,
     events: EventLog,
-) -> RunOutcome:
-    """The agent loop on this node's seams, to the outcome of this node's workers."""
-    return Executor(
-        plan,
-        rendezvous=rdzv,
-        workers=factory,
-        clock=RealClock(flag),
-        observer=events,
-        stop=flag,
-        hang=LocalHangWatch(plan, run_dir, _host(), job=rdzv.job_share()),
-        read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
-    ).run()
+) -> tuple[RunOutcome, observing.Observers]:
+    """The agent loop on this node's seams, to the outcome of this node's workers; the observer
+    that saw it (the timeline and the status publisher, which the caller closes)."""
+    hang = LocalHangWatch(plan, run_dir, _host(), job=rdzv.job_share())
+    observer = observing.start(plan, run_dir, _host(), hang, events)
+    try:
+        outcome = Executor(
+            plan,
+            rendezvous=rdzv,
+            workers=factory,
+            clock=RealClock(flag),
+            observer=observer,
+            stop=flag,
+            hang=hang,
+            read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
+        ).run()
+    except BaseException:
+        observer.close()
+        raise
+    return outcome, observer
 
 
 def _save_error(run_dir: RunDir, exc: BaseException) -> None:
@@ -287,10 +296,13 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
             rdzv = make_rendezvous(plan, flag)
             if isinstance(rdzv, LocalRendezvous):
                 factory.store_fd = rdzv.store_fd
-            outcome = _execute(
+            outcome, observer = _execute(
                 plan, run_dir=run_dir, rdzv=rdzv, factory=factory, flag=flag, events=events
             )
-            ended = rdzv.end(outcome.status, events)
+            try:
+                ended = rdzv.end(outcome.status, observer)
+            finally:
+                observer.close()  # its last record: done, not stale
             job_failures = _job_failures(ended)
             outcome = _failed_elsewhere(outcome, job_failures, ended.last_round)
     except BaseException as exc:  # a config error found only now, or a bug: leave a summary

@@ -141,7 +141,7 @@ def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
     package to install."""
     verbose = os.environ.get("ELASTIC_HYDRA_FULL_ERROR") == "1"
     try:
-        with _quiet_torch_cpp(not verbose):
+        with quiet_torch_cpp(not verbose):
             from torch.distributed.elastic.rendezvous import RendezvousParameters
             from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
     except ImportError:
@@ -171,7 +171,7 @@ def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
 
 
 @contextlib.contextmanager
-def _quiet_torch_cpp(quiet: bool) -> Iterator[None]:
+def quiet_torch_cpp(quiet: bool) -> Iterator[None]:
     """Load torch with its C++ log level at FATAL (read once, at load) unless the user set it.
 
     The variable is set only while torch loads: workers never see it.

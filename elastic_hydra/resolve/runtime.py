@@ -10,7 +10,7 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from elastic_hydra.config.schema import HangConf, LogsConf, RestartConf
+from elastic_hydra.config.schema import HangConf, LogsConf, MetricsConf, RestartConf
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import (
     DEFAULT_PREFIX,
@@ -20,6 +20,7 @@ from elastic_hydra.plan import (
     HangAction,
     HangSpec,
     LogSpec,
+    MetricsSpec,
     RestartSpec,
     RestartWindow,
 )
@@ -221,3 +222,20 @@ def resolve_hang(h: HangConf) -> HangSpec:
         action=action,
         grace=seconds("hang.grace", h.grace, True),
     )
+
+
+def resolve_metrics(m: MetricsConf) -> MetricsSpec:
+    """metrics.port: a port or 0; metrics.textfile: a file path (relative: to the directory the
+    launch runs in)."""
+    port = m.port
+    if port is not None and (type(port) is not int or not 0 <= port <= 65535):
+        raise ConfigError(
+            "metrics.port", "not a port", port, "expected 1..65535, 0 for a free one, or null"
+        )
+    textfile = m.textfile
+    if textfile is not None and (not str(textfile).strip() or str(textfile).endswith("/")):
+        raise ConfigError(
+            "metrics.textfile", "not a file path", textfile,
+            "expected e.g. /var/lib/node_exporter/textfile/elastic_hydra.prom",
+        )  # fmt: skip
+    return MetricsSpec(port=port, textfile=textfile)

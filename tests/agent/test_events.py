@@ -284,3 +284,13 @@ def test_progress_lines_read_the_typed_events(capsys: pytest.CaptureFixture[str]
         "elastic-hydra: node b left the job",
         "elastic-hydra: r; rank(s) 2,3 here failed with it (collateral, not this node's failure)",
     ]
+
+
+def test_a_round_carries_its_base_rank_when_it_knows_it() -> None:
+    # `elastic-hydra top` names each worker's global rank from it (observe.status).
+    event = RendezvousRound(
+        **AT, attempt=0, node_rank=1, nodes=2, world_size=4, master="h:1", base_rank=2
+    )
+    line = event.to_json()
+    assert line["base_rank"] == 2 and list(line)[-2:] == ["base_rank", "format"]
+    assert event_from_json(json.loads(json.dumps(line))) == event
