@@ -14,9 +14,9 @@ from elastic_hydra.agent import events as ev
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.records import FailureRecord, RunStatus, RunSummary
 from elastic_hydra.report import gantt, goodput, timeline
-from tests.conftest import ELASTIC_HYDRA, WORKERS, free_port
+from tests.conftest import ELASTIC_HYDRA, WORKERS
 from tests.harness import launcher_env, run
-from tests.multinode import FAST, job
+from tests.multinode import FAST, job, rdzv_server
 from tests.report import chromium
 
 HOSTILE = (
@@ -66,7 +66,9 @@ def test_the_page_of_a_failed_two_node_job_names_every_rank_and_the_root_cause(
     tmp_path: Path,
 ) -> None:
     job_dir = tmp_path / "runs" / "job"
-    with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+    # The store runs apart from the agents: hosted by the failing node's agent, it would go with
+    # that agent, and the other node would end with a lost rendezvous instead.
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
         for node in ("n0", "n1"):
             argv = j.command(
                 "nnodes=2", "nproc_per_node=2", "restart.max_restarts=0", *FAST, "logs=quiet",
