@@ -34,11 +34,13 @@ FOLDERS: dict[str, set[str]] = {
     "hangs": {"agent"},
     "report": {"hangs", "agent", "resolve"},
     "sweeps": {"report", "resolve"},
+    "quarantine": set(),  # the ledger and the gate: launch wires it, cli edits it
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun")
-PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact")
+PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
+             "durations")  # fmt: skip
 PURE_MORE = ("hangs.verdict", "rendezvous.sealed_records")
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
