@@ -23,11 +23,13 @@ PACKAGE = REPO / "elastic_hydra"
 ROOT = "(root)"
 FOLDERS: dict[str, set[str]] = {
     "cli": {"torchrun", "config", "launch", "hangs", "report",
-            "rendezvous"},  # `rdzv-server` runs the store server of rendezvous/
+            "rendezvous",  # `rdzv-server` runs the store server of rendezvous/
+            "quarantine"},  # `quarantine` edits the ledger
     "torchrun": set(),
     "config": set(),
     "resolve": {"config"},
-    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report"},
+    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
+               "quarantine"},  # the ledger's gate before each round
     "agent": set(),
     "workers": {"agent"},
     "rendezvous": {"hangs", "agent"},

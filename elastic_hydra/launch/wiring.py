@@ -13,7 +13,7 @@ import select
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -28,6 +28,7 @@ from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
 from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan
+from elastic_hydra.quarantine.gate import LedgerGate
 from elastic_hydra.records import FailureRecord, RunStatus, RunSummary, WorkerExit, job_root_cause
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
@@ -247,7 +248,23 @@ def _execute(
         stop=flag,
         hang=LocalHangWatch(plan, run_dir, _host(), job=rdzv.job_share()),
         read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
+        admission=quarantine_gate(plan, os.environ),
     ).run()
+
+
+def quarantine_gate(plan: LaunchPlan, environ: Mapping[str, str]) -> LedgerGate | None:
+    """The check of the quarantine ledger before each round, or None (no ledger). This node is
+    known by its Slurm node name and its host name; its workers' GPUs by their indices."""
+    if plan.quarantine is None:
+        return None
+    used = {g.index for worker in plan.devices for g in (worker.gpus or ())}
+    return LedgerGate(
+        Path(plan.quarantine.ledger),
+        names=(environ.get("SLURMD_NODENAME", ""), _host()),
+        gpus=frozenset(used),
+        slurm=bool(environ.get("SLURM_JOB_ID")),
+        warn=notices.warn,
+    )
 
 
 def _save_error(run_dir: RunDir, exc: BaseException) -> None:

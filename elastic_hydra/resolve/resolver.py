@@ -30,6 +30,7 @@ from elastic_hydra.plan import LaunchPlan, Standalone
 from elastic_hydra.resolve import machine as probe
 from elastic_hydra.resolve.entry import HostFacts, resolve_entrypoint
 from elastic_hydra.resolve.gpus import Machine, resolve_devices, resolve_nproc
+from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.runtime import (
     resolve_env,
     resolve_hang,
@@ -121,7 +122,13 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         env=resolve_env(conf.env),
         devices=workers,
         run_dir=node_dir(run_dir, host) if topology.nnodes.max > 1 else run_dir,
+        quarantine=resolve_quarantine(conf.quarantine, host.cwd),
+        collective_timeout=_collective_timeout(conf.timeouts.collective),
     )
+
+
+def _collective_timeout(value: float | None) -> float | None:
+    return None if value is None else seconds("timeouts.collective", value)
 
 
 def _check_finite(conf: object, prefix: str = "") -> None:
