@@ -23,6 +23,7 @@ from elastic_hydra.plan import LaunchPlan, QuarantineSpec, to_dict
 from elastic_hydra.records import JobResult, RunStatus, RunSummary, signal_name
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.report.notices import warn
+from elastic_hydra.resolve import timeouts
 from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.resolver import resolve_config
 from elastic_hydra.rundir import LOGS_ROOT, PRIVATE_DIR, RunDir, write_kept, write_private
@@ -70,7 +71,10 @@ def plan_of(job: ComposedJob, ctx: JobContext) -> LaunchPlan:
     Raises:
         ConfigError: bad input.
     """
-    return resolve_config(job, run_dir=str(ctx.run_dir))
+    plan = resolve_config(job, run_dir=str(ctx.run_dir))
+    for line in timeouts.derive(plan).warnings:  # the refusals were raised by resolve
+        warn(line)
+    return plan
 
 
 def quarantine_of(job: ComposedJob) -> QuarantineSpec | None:

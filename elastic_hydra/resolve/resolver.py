@@ -6,6 +6,8 @@
                        packages torch's backends need in this Python (`require_packages`)
     resolve_runtime    restart policy, logs, environment, role, durations
     resolve_gpus       workers per node and each worker's devices
+    resolve_quarantine the quarantine ledger's path and cooldown
+    timeouts           the timeout layers in order: a layer that breaks the job is refused
 
 Every problem raises `ConfigError` naming the key, the value and the fix. The checks against the
 schema (types, unknown keys) are composition's, in `config.composed`.
@@ -39,6 +41,7 @@ from elastic_hydra.resolve.runtime import (
     resolve_role,
     seconds,
 )
+from elastic_hydra.resolve.timeouts import check as check_timeouts
 from elastic_hydra.resolve.topology import require_packages, resolve_topology
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -106,7 +109,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         job_visible=conf.env.get("CUDA_VISIBLE_DEVICES"),
     )
     fresh = isinstance(topology.rdzv, Standalone)
-    return LaunchPlan(
+    plan = LaunchPlan(
         entrypoint=resolve_entrypoint(conf, host),
         nnodes=topology.nnodes,
         nproc_per_node=nproc,
@@ -125,6 +128,8 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         quarantine=resolve_quarantine(conf.quarantine, host.cwd),
         collective_timeout=_collective_timeout(conf.timeouts.collective),
     )
+    check_timeouts(plan)  # a layer that breaks the job is refused; warnings: `timeouts.derive`
+    return plan
 
 
 def _collective_timeout(value: float | None) -> float | None:
