@@ -54,9 +54,9 @@ class _Args:
 def main(argv: Sequence[str]) -> int:
     """Run `elastic-hydra quarantine ARGV`; returns the exit code (one line and 2 for bad
     input)."""
-    if not argv or argv[0] in ("-h", "--help"):
+    if {"-h", "--help"} & set(argv):
         print(USAGE)
-        return 0 if argv else 2
+        return 0
     try:
         args = _parse(list(argv))
         ledger, cooldown = _ledger(args)
@@ -78,9 +78,12 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _parse(argv: list[str]) -> _Args:
-    action = argv.pop(0)
+    action = argv.pop(0) if argv else "<nothing>"
     if action not in ("list", "add", "clear"):
-        raise ConfigError("quarantine", "unknown action", action, "expected list, add or clear")
+        raise ConfigError(
+            "quarantine", "unknown action", action, "expected list, add or clear",
+            "See elastic-hydra quarantine -h.",
+        )  # fmt: skip
     args = _Args(action=action)
     while argv:
         word = argv.pop(0)

@@ -42,7 +42,7 @@ MAX_REASON = 500  # characters of evidence kept per entry
 MAX_GPU = 1023
 PRIVATE_FILE = 0o600
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
-_JOB = re.compile(r"[\w.:@+-]{1,128}")
+_JOB = re.compile(r"[!-~]{1,128}")  # printable ASCII without spaces: any run id torch takes
 CLI_JOB = "cli"  # the job of an entry added by hand
 
 
@@ -65,6 +65,20 @@ class QuarantineEntry:
         problem = entry_problem(self)
         if problem is not None:
             raise ValueError(problem)
+
+    @classmethod
+    def new(
+        cls, *, host: str, gpu: int | None, evidence: str, now: float, cooldown: float, job: str
+    ) -> QuarantineEntry:
+        """An entry that starts `now` and lasts `cooldown` seconds (a plan's
+        `quarantine.cooldown`), its evidence made one line (see `one_line`).
+
+        Raises:
+            ValueError: a host, GPU or job that an entry cannot hold.
+        """
+        return cls(
+            host=host, gpu=gpu, reason=one_line(evidence), added=now, until=now + cooldown, job=job
+        )
 
     @property
     def target(self) -> str:

@@ -128,6 +128,16 @@ def test_the_ledger_and_cooldown_of_a_job_file(tmp_path: Path) -> None:
     assert other.returncode == 0 and f"{tmp_path}/other.json" in other.stdout
 
 
+def test_help(tmp_path: Path) -> None:
+    shown = run("quarantine", "add", "-h", cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: elastic-hydra quarantine")
+    bare = run("quarantine", cwd=tmp_path)
+    assert bare.returncode == 2 and bare.stderr == (
+        "elastic-hydra: error: quarantine: unknown action (got <nothing>); expected list, add or "
+        "clear. See elastic-hydra quarantine -h.\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "error"),
     [

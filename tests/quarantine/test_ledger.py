@@ -256,3 +256,14 @@ def test_many_processes_adding_at_once_lose_nothing_and_the_file_is_always_valid
     assert {e.host for e in found} == {f"w{n}-{i}" for n in range(writers) for i in range(each)}
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_an_entry_from_a_verdict_line_and_a_plans_cooldown() -> None:
+    made = QuarantineEntry.new(
+        host="node-3", gpu=5, evidence="preflight: node-3 gpu 5\nat 41 %", now=NOW,
+        cooldown=86400.0, job="a1b2c3.slurm-7",
+    )  # fmt: skip
+    assert (made.reason, made.added, made.until) == ("preflight: node-3 gpu 5 at 41 %", NOW,
+                                                     NOW + 86400)  # fmt: skip
+    with pytest.raises(ValueError, match="job"):
+        QuarantineEntry.new(host="n", gpu=None, evidence="x", now=NOW, cooldown=1, job="a b")
