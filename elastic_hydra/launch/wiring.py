@@ -254,10 +254,14 @@ def _execute(
 
 def quarantine_gate(plan: LaunchPlan, environ: Mapping[str, str]) -> LedgerGate | None:
     """The check of the quarantine ledger before each round, or None (no ledger). This node is
-    known by its Slurm node name and its host name; its workers' GPUs by their indices."""
+    known by its Slurm node name and its host name; its workers' GPUs by their indices, or, where
+    the launcher leaves the devices to the workers, by torchrun's convention (local rank i uses
+    GPU i): a worker must not run on a quarantined GPU because nobody said which one it takes."""
     if plan.quarantine is None:
         return None
     used = {g.index for worker in plan.devices for g in (worker.gpus or ())}
+    if not plan.devices:
+        used = set(range(plan.nproc_per_node))
     return LedgerGate(
         Path(plan.quarantine.ledger),
         names=(environ.get("SLURMD_NODENAME", ""), _host()),

@@ -64,9 +64,17 @@ def test_other_hosts_and_unused_gpus_do_not_keep_this_one_out(tmp_path: Path) ->
     cwd = job_dir(tmp_path)
     ledger = tmp_path / "ledger.json"
     quarantine(ledger, "elsewhere-1")
-    quarantine(ledger, socket.gethostname(), gpu=7)  # this CPU job uses no GPU
-    ran = run("script=train.py", f"quarantine.ledger={ledger}", cwd=cwd)
+    quarantine(ledger, socket.gethostname(), gpu=7)
+    job = ("script=train.py", "nproc_per_node=2", f"quarantine.ledger={ledger}")
+    ran = run(*job, cwd=cwd)  # local ranks 0 and 1: GPUs 0 and 1 by torchrun's convention
     assert ran.returncode == 0, ran.stderr
+    quarantine(ledger, socket.gethostname(), gpu=1)
+    refused = run(*job, cwd=cwd)
+    assert refused.returncode == 5, refused.stderr
+    assert f"GPU 1 of this node ({socket.gethostname()}) is in the quarantine ledger" in (
+        refused.stderr
+    )
+    assert "Leave the GPU out with gpus=[0], or elastic-hydra quarantine clear" in refused.stderr
 
 
 def test_a_malformed_ledger_is_one_warning_and_the_job_runs(tmp_path: Path) -> None:
