@@ -117,7 +117,13 @@ def _ledger(args: _Args) -> tuple[Ledger, float | None]:
                 "--ledger", "given with a job file or overrides", " ".join(args.job),
                 "expected --ledger PATH, or a job file that sets quarantine.ledger",
             )  # fmt: skip
-        return Ledger(Path(args.flags["--ledger"]), warn=stderr_warning), None
+        given = args.flags["--ledger"]
+        path = Path(given)
+        if not given or not path.name or path.is_dir():
+            raise ConfigError(
+                "--ledger", "is a directory", given, "expected the path of the ledger file"
+            )
+        return Ledger(path, warn=stderr_warning), None
     if not args.job:
         raise ConfigError(
             "--ledger", "no ledger given", "<nothing>",
@@ -142,7 +148,12 @@ def _ledger(args: _Args) -> tuple[Ledger, float | None]:
 
 def _list(ledger: Ledger, *, json_out: bool) -> int:
     now = time.time()
-    active = ledger.active(now)
+    try:
+        active = ledger.active(now)
+    except OSError as exc:  # it exists but cannot be read (add and clear say so themselves)
+        raise LedgerError(
+            f"quarantine ledger {ledger.path}: cannot be read ({exc.strerror or exc})"
+        ) from None
     if json_out:
         rows = [{**e.to_json(), "left_s": round(e.until - now, 1)} for e in active]
         print(json.dumps({"ledger": str(ledger.path), "entries": rows}, indent=2))

@@ -232,7 +232,7 @@ class Ledger:
         warn: Callable[[str], None] = _stderr_warning,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = Path(path)
+        self.path = Path(os.path.abspath(path))  # `.` has no name to put a lock file beside
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.warn = warn
         self.clock = clock

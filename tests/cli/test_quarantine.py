@@ -164,6 +164,8 @@ def test_help(tmp_path: Path) -> None:
         (["list", "quarantine.cooldown=soon"], "quarantine.cooldown: not a duration"),
         (["list", "nothere.yaml"], "job: no such file"),
         (["add", "n1", "--reason", "r", "--ledger", "no/such/dir/l.json"], "cannot be changed"),
+        (["list", "--ledger", "."], "--ledger: is a directory (got '.')"),
+        (["list", "--ledger", ""], "--ledger: is a directory (got '')"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], error: str) -> None:

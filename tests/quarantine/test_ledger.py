@@ -154,6 +154,10 @@ def test_an_unwritable_place_is_a_ledger_error(tmp_path: Path) -> None:
     book = Ledger(tmp_path / "missing-dir" / "ledger.json")
     with pytest.raises(LedgerError, match="cannot be changed"):
         book.add([entry()])
+    with pytest.raises(LedgerError, match="cannot be changed"):
+        Ledger(tmp_path).add([entry()])  # a directory
+    with pytest.raises(OSError):
+        Ledger(tmp_path).read()  # a reader (the gate) warns and lets the node join
 
 
 def test_entries_check_their_own_values() -> None:
