@@ -13,7 +13,9 @@ The folders, from the user down (each `__init__` says what it owns):
     hangs/       progress watch, verdict, sharing across nodes
     report/      failure files, summary, rendering, notices
     sweeps/      the pool launcher's engine and its view
+    quarantine/  bad hosts and GPUs kept out of later rounds and jobs: the ledger, the gate
 
 The modules at the root are the shared words every folder may use: `errors`, `plan`,
-`records`, `jsonrecord`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `slurm`.
+`records`, `jsonrecord`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `slurm`,
+`durations`.
 """

@@ -164,6 +164,15 @@ class LogSpec:
     tail_lines: int = 20
 
 
+# ------------------------------------------------------------------------------------- quarantine
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuarantineSpec:
+    """The quarantine ledger the agent reads before every rendezvous round (see quarantine/)."""
+
+    ledger: str  # absolute path of the ledger file
+    cooldown: float  # seconds an entry this job adds keeps its host or GPU out
+
+
 # --------------------------------------------------------------------------------------------- plan
 TORCHRUN_RUN_ID = "none"  # torchrun's --rdzv-id default: the run id of a job that names none
 
@@ -239,6 +248,8 @@ class LaunchPlan:
     devices: tuple[WorkerDevices, ...] = ()  # by local rank; () leaves devices alone
     run_dir: str = ""  # on several nodes, this node's directory inside the job's
     config_hash: str = ""  # of the job's resolved config: every node must have the same
+    quarantine: QuarantineSpec | None = None  # None: no ledger (quarantine.ledger=null)
+    collective_timeout: float | None = None  # timeouts.collective; None: torch's default
 
     @property
     def argv(self) -> tuple[str, ...]:

@@ -366,6 +366,7 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"  # the agent received a signal
     RENDEZVOUS_FAILED = "rendezvous_failed"
+    QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it did not join
     CONFIG_ERROR = "config_error"  # bad input found only at the launch (e.g. torch missing)
     ERROR = "error"  # a bug in the launcher (EXIT_BUG)
 

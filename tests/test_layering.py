@@ -24,12 +24,14 @@ ROOT = "(root)"
 FOLDERS: dict[str, set[str]] = {
     "cli": {"torchrun", "config", "launch", "hangs", "report",
             "rendezvous",  # `rdzv-server` runs the store server of rendezvous/
-            "observe"},  # `top`
+            "observe",
+            "quarantine"},  # `top`
     "torchrun": set(),
     "config": set(),
     "resolve": {"config"},
     "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
-               "observe"},  # the status publisher and metrics
+               "observe",
+               "quarantine"},  # the status publisher and metrics
     "agent": set(),
     "workers": {"agent"},
     "rendezvous": {"hangs", "agent"},
@@ -37,11 +39,13 @@ FOLDERS: dict[str, set[str]] = {
     "report": {"hangs", "agent", "resolve"},
     "sweeps": {"report", "resolve"},
     "observe": {"agent", "hangs"},  # the events it folds; the /proc reader of the hang watch
+    "quarantine": set(),  # the ledger and the gate: launch wires it, cli edits it
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun")
-PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact")
+PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
+             "durations")  # fmt: skip
 PURE_MORE = (
     "hangs.verdict",
     "rendezvous.sealed_records",

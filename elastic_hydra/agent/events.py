@@ -44,6 +44,7 @@ class EventKind(enum.Enum):
     HANG_WATCH = "hang_watch"  # the hang watch started: when its first verdict can come
     HANG = "hang"  # no rank made progress for hang.timeout: the verdict, then the action
     FINISH = "finish"  # the run ended: status and exit code
+    QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it does not join
 
 
 class EventLineError(ValueError):
@@ -230,6 +231,16 @@ class Finish(_Event):
     attempts: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quarantined(_Event):
+    kind: ClassVar[EventKind] = EventKind.QUARANTINED
+    host: str  # as the ledger names it
+    gpus: tuple[int, ...]  # the quarantined GPUs its workers would use; () for the whole node
+    evidence: str  # the entry's reason
+    until: float  # when the entry expires (seconds since the epoch)
+    attempt: int  # the round it did not join
+
+
 Event: TypeAlias = (
     Joining
     | RendezvousRound
@@ -244,6 +255,7 @@ Event: TypeAlias = (
     | HangWatchStarted
     | Hang
     | Finish
+    | Quarantined
 )
 _BY_KIND: dict[str, type[Event]] = {cls.kind.value: cls for cls in typing.get_args(Event)}
 _HINTS: dict[EventKind, dict[str, Any]] = {}

@@ -14,6 +14,7 @@ from elastic_hydra.agent.collateral import CollateralWait
 from elastic_hydra.agent.loop_state import Ended, LoopState
 from elastic_hydra.agent.outcome import RunOutcome, Status, root_cause
 from elastic_hydra.agent.seams import (
+    Admission,
     ChangeKind,
     Clock,
     Exited,
@@ -52,6 +53,7 @@ class Executor(CollateralWait):
         stop: StopRequest,
         read_failure: Callable[[WorkerExit], FailureRecord],
         hang: HangWatch | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.plan = plan
         self.rdzv = rendezvous
@@ -61,6 +63,7 @@ class Executor(CollateralWait):
         self.stop_request = stop
         self.state = LoopState()
         self.read_failure = read_failure  # a failed worker's record, from its files
+        self.admission = admission  # asked before every round (the quarantine ledger)
         # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
@@ -73,6 +76,8 @@ class Executor(CollateralWait):
         while True:
             if (stopped := self._stopped()) is not None:
                 return stopped
+            if (refused := self._refused()) is not None:
+                return refused
             try:
                 node = self._rendezvous()
             except RendezvousError as exc:
@@ -108,6 +113,23 @@ class Executor(CollateralWait):
                 return self._finish(Status.FAILED, reason)
             if ended in (Ended.FAILED, Ended.HUNG) and not self._restart(started, ended):
                 return self._finish(Status.FAILED, self.state.reason)
+
+    def _refused(self) -> RunOutcome | None:
+        """This node is quarantined: it leaves before the round, with the admission's line."""
+        found = self.admission.refusal() if self.admission is not None else None
+        if found is None:
+            return None
+        self.observer.emit(
+            events.Quarantined(
+                **self._now(),
+                host=found.host,
+                gpus=found.gpus,
+                evidence=found.evidence,
+                until=found.until,
+                attempt=self.state.attempts,
+            )
+        )
+        return self._finish(Status.QUARANTINED, found.line)
 
     def _rendezvous(self) -> NodeAssignment:
         self.observer.emit(events.Joining(**self._now(), attempt=self.state.attempts))

@@ -10,7 +10,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elastic_hydra.errors import EXIT_OK, EXIT_RENDEZVOUS, EXIT_WORKERS_FAILED
+from elastic_hydra.errors import EXIT_OK, EXIT_QUARANTINED, EXIT_RENDEZVOUS, EXIT_WORKERS_FAILED
 from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure, WorkerExit, root_cause_of
 
 
@@ -32,6 +32,7 @@ class Status(enum.StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"  # the agent received a signal
     RENDEZVOUS_FAILED = "rendezvous_failed"
+    QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it did not join
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,4 +63,6 @@ class RunOutcome:
                 return 128 + (self.signal or signal.SIGTERM)
             case Status.RENDEZVOUS_FAILED:
                 return EXIT_RENDEZVOUS
+            case Status.QUARANTINED:
+                return EXIT_QUARANTINED
         return EXIT_WORKERS_FAILED

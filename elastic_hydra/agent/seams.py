@@ -117,6 +117,33 @@ class Rendezvous(Protocol):
     def close(self) -> None: ...
 
 
+class Refusal(Protocol):
+    """Why this node may not join (a quarantine entry): who, which GPUs, the evidence, until
+    when, and the one line for the user."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def gpus(self) -> tuple[int, ...]: ...  # () for the whole node
+
+    @property
+    def evidence(self) -> str: ...
+
+    @property
+    def until(self) -> float: ...
+
+    @property
+    def line(self) -> str: ...
+
+
+class Admission(Protocol):
+    """Asked before every rendezvous round (the quarantine ledger, see quarantine.gate)."""
+
+    def refusal(self) -> Refusal | None:
+        """Why this node may not join the next round, or None to join."""
+
+
 class WorkerGroup(Protocol):
     paused: list[int]  # local ranks found stopped (SIGSTOP) when the group was stopped
 

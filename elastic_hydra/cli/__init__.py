@@ -18,7 +18,8 @@ One module per subcommand:
 - `report`: a finished run (or sweep) shown again.
 - `stacks`: where a running job's ranks are, on this node, right now.
 - `rdzv_server`: `rdzv-server`, the c10d store of `elastic_hydra.rendezvous.server` as a process.
+- `quarantine`: `quarantine list|add|clear`, the ledger of `elastic_hydra.quarantine` by hand.
 
 Imports go down only: cli -> torchrun, config, launch, hangs, report (and rendezvous, for the
-`rdzv-server` subcommand). Nothing below imports cli.
+`rdzv-server` subcommand, and quarantine for `quarantine`). Nothing below imports cli.
 """

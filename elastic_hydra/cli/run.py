@@ -5,6 +5,7 @@ elastic-hydra [--plan[=json|yaml]] [TORCHRUN FLAGS] [key=value ...] SCRIPT [ARGS
 elastic-hydra report [RUN_DIR | SWEEP_DIR]     (the latest run without one; see report.py)
 elastic-hydra stacks [RUN_DIR]                 (a running job's stacks; the latest without one)
 elastic-hydra rdzv-server [--host H] [--port P]      (see rdzv_server.py)
+elastic-hydra quarantine list|add|clear ...          (the quarantine ledger; see quarantine.py)
 
 Every outcome becomes an exit code here (0, 1, 2, 128+N, 70 for a bug of ours), and a user's
 mistake one line (its traceback with ELASTIC_HYDRA_FULL_ERROR=1).

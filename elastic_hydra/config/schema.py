@@ -141,6 +141,27 @@ class MetricsConf:
 
 
 @dataclass
+class QuarantineConf:
+    ledger: str | None = key(
+        None,
+        "the quarantine ledger file (e.g. on a shared file system): a host or GPU in it does not"
+        " join before its cooldown ends; null: no quarantine",
+    )
+    cooldown: str = key(
+        "24h", "how long an entry this job adds keeps its host or GPU out: seconds, 30m, 24h, 7d"
+    )
+
+
+@dataclass
+class TimeoutsConf:
+    collective: float | None = key(
+        None,
+        "seconds the workers' collectives wait (init_process_group(timeout=...) in your script);"
+        " null: torch's default (600 nccl on GPUs, 1800 gloo); checked against the other layers",
+    )
+
+
+@dataclass
 class ElasticHydraConf:
     script: str | None = key(None, "the entrypoint: a Python script (exactly one of three)")
     module: str | None = key(None, "... or a module, run as python -m")
@@ -172,6 +193,8 @@ class ElasticHydraConf:
     logs: LogsConf = group(LogsConf, "console and log files")
     hang: HangConf = group(HangConf, "when a job that makes no progress counts as hung")
     metrics: MetricsConf = group(MetricsConf, "Prometheus metrics of each agent")
+    quarantine: QuarantineConf = group(QuarantineConf, "bad hosts and GPUs kept out of later jobs")
+    timeouts: TimeoutsConf = group(TimeoutsConf, "the timeouts of the workers' own layers")
     stop_grace: float = key(30.0, "seconds between SIGTERM and SIGKILL when workers are stopped")
     monitor_interval: float = key(0.1, "seconds between membership checks (multi-node)")
     env: dict[str, str] = key({}, "extra environment for the workers: env.NAME=value")

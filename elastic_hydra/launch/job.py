@@ -5,6 +5,7 @@ result. A command runs one job, or one per point of a sweep.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,10 +19,12 @@ from elastic_hydra.config.boundary import JobContext
 from elastic_hydra.config.composed import Composed, ComposedJob, to_yaml
 from elastic_hydra.config.invocation import Invocation
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
-from elastic_hydra.plan import LaunchPlan, to_dict
+from elastic_hydra.plan import LaunchPlan, QuarantineSpec, to_dict
 from elastic_hydra.records import JobResult, RunStatus, RunSummary, signal_name
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.report.notices import warn
+from elastic_hydra.resolve import timeouts
+from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.resolver import resolve_config
 from elastic_hydra.rundir import LOGS_ROOT, PRIVATE_DIR, RunDir, write_kept, write_private
 
@@ -68,7 +71,20 @@ def plan_of(job: ComposedJob, ctx: JobContext) -> LaunchPlan:
     Raises:
         ConfigError: bad input.
     """
-    return resolve_config(job, run_dir=str(ctx.run_dir))
+    plan = resolve_config(job, run_dir=str(ctx.run_dir))
+    for line in timeouts.derive(plan).warnings:  # the refusals were raised by resolve
+        warn(line)
+    return plan
+
+
+def quarantine_of(job: ComposedJob) -> QuarantineSpec | None:
+    """The quarantine ledger a composed job names (`elastic-hydra quarantine JOB.yaml`): its
+    `quarantine.*` keys alone are resolved, so the job need not run on this machine.
+
+    Raises:
+        ConfigError: bad input in `quarantine.*`.
+    """
+    return resolve_quarantine(job.conf.quarantine, os.getcwd())
 
 
 def plan_dict(plan: LaunchPlan) -> dict[str, Any]:

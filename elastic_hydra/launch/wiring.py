@@ -13,7 +13,7 @@ import select
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -29,6 +29,7 @@ from elastic_hydra.launch import observing
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
 from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan
+from elastic_hydra.quarantine.gate import LedgerGate
 from elastic_hydra.records import FailureRecord, RunStatus, RunSummary, WorkerExit, job_root_cause
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
@@ -252,11 +253,31 @@ def _execute(
             stop=flag,
             hang=hang,
             read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
+            admission=quarantine_gate(plan, os.environ),
         ).run()
     except BaseException:
         observer.close()
         raise
     return outcome, observer
+
+
+def quarantine_gate(plan: LaunchPlan, environ: Mapping[str, str]) -> LedgerGate | None:
+    """The check of the quarantine ledger before each round, or None (no ledger). This node is
+    known by its Slurm node name and its host name; its workers' GPUs by their indices, or, where
+    the launcher leaves the devices to the workers, by torchrun's convention (local rank i uses
+    GPU i): a worker must not run on a quarantined GPU because nobody said which one it takes."""
+    if plan.quarantine is None:
+        return None
+    used = {g.index for worker in plan.devices for g in (worker.gpus or ())}
+    if not plan.devices:
+        used = set(range(plan.nproc_per_node))
+    return LedgerGate(
+        Path(plan.quarantine.ledger),
+        names=(environ.get("SLURMD_NODENAME", ""), _host()),
+        gpus=frozenset(used),
+        slurm=bool(environ.get("SLURM_JOB_ID")),
+        warn=notices.warn,
+    )
 
 
 def _save_error(run_dir: RunDir, exc: BaseException) -> None:

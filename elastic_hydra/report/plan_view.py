@@ -14,6 +14,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from elastic_hydra.durations import show_duration
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.plan import (
     Dynamic,
@@ -26,6 +27,7 @@ from elastic_hydra.plan import (
 )
 from elastic_hydra.redact import redact_env
 from elastic_hydra.report.render import console, show
+from elastic_hydra.resolve import timeouts
 
 
 def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
@@ -56,6 +58,8 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
         console_text += f"all ranks, prefix {logs.prefix!r}"
     rows["console"] = console_text
     rows["devices"] = describe_devices(plan)
+    rows["timeouts"] = describe_timeouts(plan)
+    rows["quarantine"] = describe_quarantine(plan)
     rows["run dir"] = plan.run_dir or run_dir_hint
     for what, value in rows.items():  # Text: values are the user's words, never rich markup
         table.add_row(what, Text(value))
@@ -75,6 +79,28 @@ def describe_devices(plan: LaunchPlan) -> str:
             parts.append(f"CPUs {format_cpus(d.cpus)}")
         lines.append(f"local rank {local_rank}: " + "; ".join(parts))
     return "\n".join(lines)
+
+
+def describe_timeouts(plan: LaunchPlan) -> str:
+    """The timeout layers from the bottom, each with its value, what it does and where the
+    value comes from; then each pair in the wrong order (the warnings of `resolve.timeouts`)."""
+    derived = timeouts.derive(plan)
+    lines = ["from the first to fire; each must fire before the ones after it:"]
+    for layer in derived.layers:
+        value = "off" if layer.seconds is None else f"{layer.seconds:g} s"
+        lines.append(f"{layer.name}: {value}: {layer.why} [{layer.source}]")
+    lines += [f"warning: {line}" for line in derived.warnings]
+    return "\n".join(lines)
+
+
+def describe_quarantine(plan: LaunchPlan) -> str:
+    q = plan.quarantine
+    if q is None:
+        return "off (quarantine.ledger=null)"
+    return (
+        f"ledger {q.ledger}, read before every rendezvous round: a host in it does not join; "
+        f"entries this job adds last {show_duration(q.cooldown)} (quarantine.cooldown)"
+    )
 
 
 def describe_rdzv(plan: LaunchPlan) -> str:

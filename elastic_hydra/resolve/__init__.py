@@ -10,6 +10,10 @@ parts:
 - `gpus`: `nproc_per_node` keywords, `gpus`, `devices`, `gpu_sharing`, CPU binding.
 - `machine`: what this machine offers (GPUs from NVML or nvidia-smi, CPUs from sysfs), read
   without torch; resolution is handed these facts so that tests can pass their own.
+- `quarantine`: `quarantine.ledger` made absolute, `quarantine.cooldown` in seconds.
+- `timeouts`: the timeout layers the job runs with (heartbeat, last call, join, hang, the
+  workers' collective timeout, exit barrier, stop grace), where each value comes from, and the
+  pairs that would fire in the wrong order: refused when that breaks the job, else warned.
 
 Imports: config (the schema and error explanations) and the root.
 """

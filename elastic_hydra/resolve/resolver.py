@@ -6,6 +6,8 @@
                        packages torch's backends need in this Python (`require_packages`)
     resolve_runtime    restart policy, logs, environment, role, durations
     resolve_gpus       workers per node and each worker's devices
+    resolve_quarantine the quarantine ledger's path and cooldown
+    timeouts           the timeout layers in order: a layer that breaks the job is refused
 
 Every problem raises `ConfigError` naming the key, the value and the fix. The checks against the
 schema (types, unknown keys) are composition's, in `config.composed`.
@@ -30,6 +32,7 @@ from elastic_hydra.plan import LaunchPlan, Standalone
 from elastic_hydra.resolve import machine as probe
 from elastic_hydra.resolve.entry import HostFacts, resolve_entrypoint
 from elastic_hydra.resolve.gpus import Machine, resolve_devices, resolve_nproc
+from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.runtime import (
     resolve_env,
     resolve_hang,
@@ -39,6 +42,7 @@ from elastic_hydra.resolve.runtime import (
     resolve_role,
     seconds,
 )
+from elastic_hydra.resolve.timeouts import check as check_timeouts
 from elastic_hydra.resolve.topology import require_packages, resolve_topology
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -106,7 +110,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         job_visible=conf.env.get("CUDA_VISIBLE_DEVICES"),
     )
     fresh = isinstance(topology.rdzv, Standalone)
-    return LaunchPlan(
+    plan = LaunchPlan(
         entrypoint=resolve_entrypoint(conf, host),
         nnodes=topology.nnodes,
         nproc_per_node=nproc,
@@ -123,7 +127,15 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         env=resolve_env(conf.env),
         devices=workers,
         run_dir=node_dir(run_dir, host) if topology.nnodes.max > 1 else run_dir,
+        quarantine=resolve_quarantine(conf.quarantine, host.cwd),
+        collective_timeout=_collective_timeout(conf.timeouts.collective),
     )
+    check_timeouts(plan)  # a layer that breaks the job is refused; warnings: `timeouts.derive`
+    return plan
+
+
+def _collective_timeout(value: float | None) -> float | None:
+    return None if value is None else seconds("timeouts.collective", value)
 
 
 def _check_finite(conf: object, prefix: str = "") -> None:

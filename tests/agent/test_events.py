@@ -20,6 +20,7 @@ from elastic_hydra.agent.events import (
     Joining,
     MembershipChange,
     NewerFormatError,
+    Quarantined,
     RendezvousRound,
     Restart,
     SignalReceived,
@@ -111,6 +112,12 @@ SAMPLES: list[tuple[Event, str]] = [
              attempt=2),
         '{"event": "hang", %s, "verdict": "all ranks wait in all_reduce", "action": "restart", '
         '"idle": 61.5, "attempt": 2}',
+    ),
+    (
+        Quarantined(**AT, host="node-3", gpus=(5,), evidence="preflight: slow", until=1.8e9,
+                    attempt=0),
+        '{"event": "quarantined", %s, "host": "node-3", "gpus": [5], '
+        '"evidence": "preflight: slow", "until": 1800000000.0, "attempt": 0}',
     ),
     (
         Finish(**AT, status=Status.RENDEZVOUS_FAILED, exit_code=3, reason="no quorum",
