@@ -206,6 +206,14 @@ class HangSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WarmSpec:
+    """Warm starts: the modules a template process imports once per node, from which every
+    Python worker is forked (`warm/`); () starts every worker cold."""
+
+    imports: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchPlan:
     """Everything the executor needs for one launch, validated."""
 
@@ -225,6 +233,7 @@ class LaunchPlan:
     devices: tuple[WorkerDevices, ...] = ()  # by local rank; () leaves devices alone
     run_dir: str = ""  # on several nodes, this node's directory inside the job's
     config_hash: str = ""  # of the job's resolved config: every node must have the same
+    warm: WarmSpec = WarmSpec()  # () for cmd= and bootstrap=false: they start cold
 
     @property
     def argv(self) -> tuple[str, ...]:

@@ -27,13 +27,15 @@ FOLDERS: dict[str, set[str]] = {
     "torchrun": set(),
     "config": set(),
     "resolve": {"config"},
-    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report"},
+    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
+               "warm"},
     "agent": set(),
     "workers": {"agent"},
     "rendezvous": {"hangs", "agent"},
     "hangs": {"agent"},
     "report": {"hangs", "agent", "resolve"},
     "sweeps": {"report", "resolve"},
+    "warm": {"workers", "agent"},  # the spawner seam of supervise; the worker environment
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
@@ -223,6 +225,12 @@ def test_pure_modules_do_no_io() -> None:
 def test_bootstrap_uses_the_standard_library_only() -> None:
     # It runs inside the user's interpreter, which need not have elastic-hydra installed.
     roots = imported_roots(PACKAGE / "workers" / "bootstrap.py")
+    assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
+
+
+def test_warm_template_uses_the_standard_library_only() -> None:
+    # The template becomes every warm worker: nothing of the agent's dependencies may be in it.
+    roots = imported_roots(PACKAGE / "warm" / "template.py")
     assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
 
 

@@ -44,6 +44,7 @@ class EventKind(enum.Enum):
     HANG_WATCH = "hang_watch"  # the hang watch started: when its first verdict can come
     HANG = "hang"  # no rank made progress for hang.timeout: the verdict, then the action
     FINISH = "finish"  # the run ended: status and exit code
+    WARM_FALLBACK = "warm_fallback"  # warm starts are off for the rest of the launch: why
 
 
 class EventLineError(ValueError):
@@ -214,6 +215,14 @@ class Finish(_Event):
     attempts: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmFallback(_Event):
+    """The workers start cold from now on (`warm/`): the template refused or broke."""
+
+    kind: ClassVar[EventKind] = EventKind.WARM_FALLBACK
+    reason: str
+
+
 Event: TypeAlias = (
     Joining
     | RendezvousRound
@@ -228,6 +237,7 @@ Event: TypeAlias = (
     | HangWatchStarted
     | Hang
     | Finish
+    | WarmFallback
 )
 _BY_KIND: dict[str, type[Event]] = {cls.kind.value: cls for cls in typing.get_args(Event)}
 _HINTS: dict[EventKind, dict[str, Any]] = {}

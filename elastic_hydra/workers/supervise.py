@@ -33,6 +33,7 @@ from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
 from elastic_hydra.workers.contain import Containment, reap_orphans
 from elastic_hydra.workers.guard import GroupGuard
 from elastic_hydra.workers.notes import WorkerNotes, tidy_notes
+from elastic_hydra.workers.spawn import Spawner, WorkerProcess
 
 _PR_SET_PDEATHSIG = 1
 _KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
@@ -101,6 +102,21 @@ def _private_dirs(rank_dir: Path) -> None:
             directory.mkdir(mode=PRIVATE_DIR, parents=True)
 
 
+def _popen(spec: WorkerSpec, gate: int, out: int, err: int, tee: bool) -> WorkerProcess:
+    argv, preexec = _launch_options(spec.argv)
+    return subprocess.Popen(
+        argv,
+        env=spec.env,
+        cwd=spec.cwd,
+        stdin=gate,
+        stdout=subprocess.PIPE if tee else out,
+        stderr=subprocess.PIPE if tee else err,
+        start_new_session=True,
+        pass_fds=spec.pass_fds,
+        preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
+    )
+
+
 def _start_error(spec: WorkerSpec, exc: OSError) -> WorkerStartError:
     name = errno.errorcode.get(exc.errno or 0, "")
     hint = {
@@ -116,7 +132,9 @@ def _start_error(spec: WorkerSpec, exc: OSError) -> WorkerStartError:
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec, sink: ConsoleSink | None) -> None:
+    def __init__(
+        self, spec: WorkerSpec, sink: ConsoleSink | None, spawner: Spawner | None = None
+    ) -> None:
         self.spec = spec
         _private_dirs(spec.stdout.parent)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -124,20 +142,12 @@ class _Worker:
         err = os.open(spec.stderr, flags, PRIVATE_FILE)
         self.files = {1: out, 2: err}
         tee = spec.tee and sink is not None
-        argv, preexec = _launch_options(spec.argv)
         gate, self._go = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                env=spec.env,
-                cwd=spec.cwd,
-                stdin=gate,
-                stdout=subprocess.PIPE if tee else out,
-                stderr=subprocess.PIPE if tee else err,
-                start_new_session=True,
-                pass_fds=spec.pass_fds,
-                preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
-            )
+            proc = None
+            if spawner is not None:  # warm: forked; None when it cannot (then cold)
+                proc = spawner.spawn(spec, gate=gate, out=out, err=err, pipes=tee)
+            self.proc: WorkerProcess = proc or _popen(spec, gate, out, err, tee)
         except OSError:
             for fd in (out, err, self._go):
                 os.close(fd)
@@ -207,8 +217,10 @@ class LocalWorkers:
         containment: Containment | None = None,
         *,
         hurry: Callable[[], bool] = lambda: False,
+        spawner: Spawner | None = None,
     ) -> None:
         self._guard = guard
+        self._spawner = spawner  # warm starts: workers forked from a template (warm/)
         self._hurry = hurry  # true once the user asked again: skip the rest of the grace
         self._sel = selectors.DefaultSelector()
         self._wake_fd = wake_fd
@@ -230,7 +242,7 @@ class LocalWorkers:
     def _start(
         self, spec: WorkerSpec, sink: ConsoleSink | None, contain: Containment | None
     ) -> None:
-        worker = _Worker(spec, sink)
+        worker = _Worker(spec, sink, self._spawner)
         self.workers.append(worker)
         if contain is not None:
             contain.add(worker.pid)
@@ -269,7 +281,9 @@ class LocalWorkers:
     def reap_orphans(self) -> None:
         """Reap the ended descendants the agent inherited, never a worker or the guard."""
         own = [w.pid for w in self.workers if w.proc.returncode is None]
-        reap_orphans([*own, *([self._guard.pid] if self._guard is not None else [])])
+        guard = [] if self._guard is None else [self._guard.pid]
+        template = [] if self._spawner is None or self._spawner.pid is None else [self._spawner.pid]
+        reap_orphans([*own, *guard, *template])
 
     def _poll(self, timeout: float | None) -> tuple[list[Exited], bool]:
         exited: list[Exited] = []
