@@ -187,6 +187,15 @@ def _become_script(argv: list[str], env: dict[str, str], cwd: str) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    # A cold worker starts behind /bin/sh (the agent's gate), which exports PWD: kept where it
+    # names the working directory, else the physical path. The same here.
+    pwd = env.get("PWD", "")
+    try:
+        same = os.path.isabs(pwd) and os.path.samestat(os.stat(pwd), os.stat("."))
+    except OSError:
+        same = False
+    if not same:
+        os.environ["PWD"] = os.getcwd()
     sys.argv = list(argv[2:])  # [bootstrap, SCRIPT or -m MODULE, ARGS...]
     sys.orig_argv = list(argv)
     sys.path[0] = os.path.dirname(argv[2])

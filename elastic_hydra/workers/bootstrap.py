@@ -295,7 +295,15 @@ def _pin_hydra_now(launched: float) -> None:
 def _after_import(name: str, patch: Any) -> None:
     """Call `patch(module)` once the module `name` is imported (executed), before the importer
     gets it; the script's own import machinery (other finders, editable installs) finds it.
-    A patch that fails leaves the module as it was: it is never the worker's problem."""
+    A patch that fails leaves the module as it was: it is never the worker's problem.
+    A module imported already (a warm worker forked from a template that imported torch) is
+    patched at once."""
+    if (module := sys.modules.get(name)) is not None:
+        try:  # noqa: SIM105 (no contextlib: see main)
+            patch(module)
+        except Exception:  # the module stays as it came
+            pass
+        return
 
     class Finder:  # a meta path finder (importlib.abc is not imported: it costs every start)
         def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
