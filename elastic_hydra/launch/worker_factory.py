@@ -10,6 +10,7 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
@@ -17,12 +18,14 @@ from elastic_hydra.plan import LaunchPlan
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.stopsignals import StopFlag
-from elastic_hydra.warm.pool import start_pool
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment
 from elastic_hydra.workers.guard import GroupGuard
 from elastic_hydra.workers.notes import WorkerNotes
 from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
+
+if TYPE_CHECKING:
+    from elastic_hydra.warm.pool import WarmPool
 
 STORE_FD_ENV = (
     "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
@@ -64,7 +67,11 @@ class LocalWorkerFactory:
         self.argv = plan.argv
         self.store_fd: int | None = None  # standalone: rank 0's store listens on it
         # Started now: the template imports while the rendezvous runs (None: cold starts).
-        self.warm = start_pool(plan, self.base_env, self.cwd, warm_fallback)
+        self.warm: WarmPool | None = None
+        if plan.warm.imports:
+            from elastic_hydra.warm.pool import start_pool  # not a cost of every cold launch
+
+            self.warm = start_pool(plan, self.base_env, self.cwd, warm_fallback)
 
     def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> LocalWorkers:
         specs = [

@@ -133,8 +133,8 @@ class WarmPool:
         self, spec: WorkerSpec, *, gate: int, out: int, err: int, pipes: bool
     ) -> WorkerProcess | None:
         """Fork the worker of `spec` from the template (see `workers.spawn.Spawner`)."""
-        if spec.argv[:3] != self.prefix or not self.wait_ready(0.0):
-            return None
+        if spec.argv[:3] != self.prefix or self._state != "ready":
+            return None  # not ready (a stop came first: see wait_ready), off, or another Python
         ends: list[int] = []
         try:
             if pipes:
