@@ -77,6 +77,7 @@ class WarmPool:
         imports: tuple[str, ...],
         env: dict[str, str],
         cwd: str,
+        path0: str,
         fallback: Callable[[str], None],
     ) -> None:
         self.prefix = (python, "-u", bootstrap)  # the cold argv's head that a fork replaces
@@ -89,7 +90,7 @@ class WarmPool:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER)
         try:
             self._proc = subprocess.Popen(
-                [python, "-u", TEMPLATE, str(os.getpid()), bootstrap, *imports],
+                [python, "-u", TEMPLATE, str(os.getpid()), bootstrap, path0, *imports],
                 stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,  # the template prints nothing; import warnings: stderr
                 env=env,
@@ -238,5 +239,9 @@ def start_pool(
         imports=plan.warm.imports,
         env=template_env(plan, base),
         cwd=cwd,
+        # The script's directory (`python script.py`), the cwd (`python -m`), as sys.path[0].
+        path0=os.path.dirname(os.path.realpath(entry.path))
+        if isinstance(entry, PythonScript)
+        else cwd,
         fallback=fallback,
     )

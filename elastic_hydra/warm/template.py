@@ -1,12 +1,12 @@
 """The template process of warm starts: imports the job's modules once, then forks workers.
 
-    python -u /path/to/template.py AGENT_PID BOOTSTRAP MODULE [MODULE ...]   (stdin: the channel)
+    python -u /path/to/template.py AGENT_PID BOOTSTRAP PATH0 MODULE [MODULE ...]   (stdin: channel)
 
-Run by path, like the bootstrap, with the job's interpreter and the workers' common environment
-(`warm.env`): the standard library only, nothing of elastic-hydra, so the agent's dependencies
-never reach a worker. Its stdin is one end of a SOCK_SEQPACKET socketpair whose other end only
-the agent holds (end of file = the agent is gone: the template exits; PR_SET_PDEATHSIG kills it
-too).
+Run by path, like the bootstrap, with the job's interpreter, the workers' common environment
+(`env.template_env`) and PATH0 (the script's directory) first on sys.path. The standard library
+only, nothing of elastic-hydra: the agent's dependencies never reach a worker. Its stdin is one
+end of a SOCK_SEQPACKET socketpair whose other end only the agent holds (end of file = the agent
+is gone: the template exits; PR_SET_PDEATHSIG kills it too).
 
 Protocol (one message each way per fork; marshal of plain tuples, data from the agent only):
   template -> agent, once:  (b"ready",) | (b"refuse", reason)
@@ -203,7 +203,10 @@ def _become_script(argv: list[str], env: dict[str, str], cwd: str) -> None:
 
 def main() -> tuple[Any, Any] | None:
     """The template's life; in a forked worker, (bootstrap, request)."""
-    agent, bootstrap_path, modules = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    agent, bootstrap_path, modules = int(sys.argv[1]), sys.argv[2], sys.argv[4:]
+    # The imports see the sys.path the script will: its own directory first (the cwd for -m),
+    # not this file's (whose neighbours would shadow top-level modules named env or pool).
+    sys.path[0] = sys.argv[3]
     _prctl_deathsig()
     if os.getppid() != agent:
         return None

@@ -109,6 +109,22 @@ def test_workers_and_restarts_are_forked_from_one_template(tmp_path: Path) -> No
     assert run.events("warm_fallback") == []
 
 
+def test_a_module_beside_the_script_can_be_imported_warm(tmp_path: Path) -> None:
+    app = tmp_path / "app"  # not the cwd, not on PYTHONPATH: found as the script's neighbour
+    app.mkdir()
+    (app / "facts.py").write_text(Path(FACTS).read_text())
+    (app / "neighbour.py").write_text("VALUE = 1\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    run = launch(
+        tmp_path, "logs", f"script={app / 'facts.py'}", "nproc_per_node=2",
+        "warm.imports=[neighbour]", args=(str(out),), FACTS_PROBE_MODULE="neighbour",
+    )  # fmt: skip
+    assert run.proc.returncode == 0, run.stderr
+    assert run.events("warm_fallback") == []
+    assert facts_of(out, 1)["probe_imported"] is True
+
+
 def test_cold_without_warm_imports(tmp_path: Path) -> None:
     (tmp_path / "counted.py").write_text(COUNTED)
     out = tmp_path / "out"
