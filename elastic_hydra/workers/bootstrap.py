@@ -288,6 +288,11 @@ def _pin_hydra_now(launched: float) -> None:
             omegaconf.register_new_resolver("now", when.strftime, use_cache=True, replace=True)
 
         utils.setup_globals = setup_globals
+        # Modules that imported it by name before (hydra._internal.hydra, its basic launcher:
+        # only in a warm worker, whose template imported Hydra) get the pinned one too.
+        for module in list(sys.modules.values()):
+            if getattr(module, "setup_globals", None) is setup:
+                module.setup_globals = setup_globals
 
     _after_import("hydra.core.utils", pin)
 
