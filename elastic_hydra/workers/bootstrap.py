@@ -288,11 +288,14 @@ def _pin_hydra_now(launched: float) -> None:
             omegaconf.register_new_resolver("now", when.strftime, use_cache=True, replace=True)
 
         utils.setup_globals = setup_globals
-        # Modules that imported it by name before (hydra._internal.hydra, its basic launcher:
+        # Modules that imported it by name before (Hydra's own compose and basic launcher:
         # only in a warm worker, whose template imported Hydra) get the pinned one too.
         for module in list(sys.modules.values()):
-            if getattr(module, "setup_globals", None) is setup:
-                module.setup_globals = setup_globals
+            try:
+                if getattr(module, "setup_globals", None) is setup:
+                    vars(module)["setup_globals"] = setup_globals
+            except Exception:  # a lazy module that will not be looked at: not Hydra's
+                pass
 
     _after_import("hydra.core.utils", pin)
 

@@ -11,12 +11,9 @@ themselves or the guard, whose exit status is read here.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import functools
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import time
@@ -33,9 +30,8 @@ from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
 from elastic_hydra.workers.contain import Containment, reap_orphans
 from elastic_hydra.workers.guard import GroupGuard
 from elastic_hydra.workers.notes import WorkerNotes, tidy_notes
-from elastic_hydra.workers.spawn import Spawner, WorkerProcess
+from elastic_hydra.workers.spawn import Spawner, WorkerProcess, popen_cold
 
-_PR_SET_PDEATHSIG = 1
 _KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
 _REAP_EVERY = 1.0  # seconds between looks for ended orphans while the workers run
 
@@ -56,65 +52,11 @@ class WorkerSpec:
     notes: WorkerNotes | None = None  # tidied once the worker is gone
 
 
-# util-linux's setpriv sets the death signal and execs the worker: a ~1 ms C program, where a
-# Python preexec_fn forces a full fork of the agent (~10 ms per worker, measured).
-@functools.cache
-def _setpriv() -> str | None:
-    return shutil.which("setpriv")
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-# The worker's first program after setpriv: it runs no code of the worker until the agent says so.
-# The death signal is armed by then, but the agent may have died just before: check the parent.
-# Then wait for the agent's go (one line on the gate, stdin): the agent sends it once the guard
-# knows the worker's group and the worker is in the launch's cgroup, so nothing the worker starts
-# can escape either. End of file means the agent died meanwhile. The line is read into a variable
-# of the shell's own (not `_`, which is inherited and exported: the worker would see `_=go`).
-_TRAMPOLINE = '[ "$PPID" = "$1" ] && read -r eh_go || exit 125; shift; exec "$@" </dev/null'
-
-
-def _launch_options(argv: tuple[str, ...]) -> tuple[list[str], Callable[[], None] | None]:
-    gated = ["/bin/sh", "-c", _TRAMPOLINE, "sh", str(os.getpid()), *argv]
-    if (setpriv := _setpriv()) is not None:
-        return [setpriv, "--pdeathsig", "KILL", "--", *gated], None
-    return gated, _die_with_parent(os.getpid())
-
-
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    libc = _libc()  # loaded here: the child runs between fork and exec
-
-    def child() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the agent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return child
-
-
 def _private_dirs(rank_dir: Path) -> None:
     """attempt_<n>/<local_rank>/, private like the run dir."""
     for directory in (rank_dir.parent, rank_dir):
         with contextlib.suppress(FileExistsError):
             directory.mkdir(mode=PRIVATE_DIR, parents=True)
-
-
-def _popen(spec: WorkerSpec, gate: int, out: int, err: int, tee: bool) -> WorkerProcess:
-    argv, preexec = _launch_options(spec.argv)
-    return subprocess.Popen(
-        argv,
-        env=spec.env,
-        cwd=spec.cwd,
-        stdin=gate,
-        stdout=subprocess.PIPE if tee else out,
-        stderr=subprocess.PIPE if tee else err,
-        start_new_session=True,
-        pass_fds=spec.pass_fds,
-        preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
-    )
 
 
 def _start_error(spec: WorkerSpec, exc: OSError) -> WorkerStartError:
@@ -147,7 +89,7 @@ class _Worker:
             proc = None
             if spawner is not None:  # warm: forked; None when it cannot (then cold)
                 proc = spawner.spawn(spec, gate=gate, out=out, err=err, pipes=tee)
-            self.proc: WorkerProcess = proc or _popen(spec, gate, out, err, tee)
+            self.proc: WorkerProcess = proc or popen_cold(spec, gate, out, err, tee)
         except OSError:
             for fd in (out, err, self._go):
                 os.close(fd)
