@@ -97,6 +97,14 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench_warm(session: nox.Session) -> None:
+    """Torch workers under torchrun, elastic-hydra cold and warm (`nox -s bench_warm`; not part
+    of the default run)."""
+    session.install(".", TORCH, "psutil")
+    session.run("python", "benchmarks/warm.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def bench_pool(session: nox.Session) -> None:
     """One sweep under the pool, Hydra's basic launcher and hydra-joblib-launcher
     (`nox -s bench_pool`; not part of the default run)."""

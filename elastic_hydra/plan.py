@@ -228,6 +228,14 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WarmSpec:
+    """Warm starts: the modules a template process imports once per node, from which every
+    Python worker is forked (`warm/`); () starts every worker cold."""
+
+    imports: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchPlan:
     """Everything the executor needs for one launch, validated."""
 
@@ -250,6 +258,7 @@ class LaunchPlan:
     config_hash: str = ""  # of the job's resolved config: every node must have the same
     quarantine: QuarantineSpec | None = None  # None: no ledger (quarantine.ledger=null)
     collective_timeout: float | None = None  # timeouts.collective; None: torch's default
+    warm: WarmSpec = WarmSpec()  # () for cmd= and bootstrap=false: they start cold
 
     @property
     def argv(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 # Frames that belong to the launching machinery, not to the user's program.
 _LAUNCHER_FILES = (
     "elastic_hydra/workers/bootstrap.py",
+    "elastic_hydra/warm/template.py",  # a warm worker's bottom frame (see warm/)
     "/runpy.py",
     "<frozen runpy>",
     "torch/distributed/elastic/multiprocessing/errors/__init__.py",

@@ -31,7 +31,8 @@ FOLDERS: dict[str, set[str]] = {
     "resolve": {"config"},
     "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
                "observe",
-               "quarantine"},  # the status publisher and metrics
+               "quarantine",  # the status publisher and metrics; the ledger's gate
+               "warm"},
     "agent": set(),
     "workers": {"agent"},
     "rendezvous": {"hangs", "agent"},
@@ -40,6 +41,7 @@ FOLDERS: dict[str, set[str]] = {
     "sweeps": {"report", "resolve"},
     "observe": {"agent", "hangs"},  # the events it folds; the /proc reader of the hang watch
     "quarantine": set(),  # the ledger and the gate: launch wires it, cli edits it
+    "warm": {"workers", "agent"},  # the spawner seam of supervise; the worker environment
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
@@ -238,6 +240,12 @@ def test_pure_modules_do_no_io() -> None:
 def test_bootstrap_uses_the_standard_library_only() -> None:
     # It runs inside the user's interpreter, which need not have elastic-hydra installed.
     roots = imported_roots(PACKAGE / "workers" / "bootstrap.py")
+    assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
+
+
+def test_warm_template_uses_the_standard_library_only() -> None:
+    # The template becomes every warm worker: nothing of the agent's dependencies may be in it.
+    roots = imported_roots(PACKAGE / "warm" / "template.py")
     assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
 
 

@@ -45,6 +45,7 @@ class EventKind(enum.Enum):
     HANG = "hang"  # no rank made progress for hang.timeout: the verdict, then the action
     FINISH = "finish"  # the run ended: status and exit code
     QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it does not join
+    WARM_FALLBACK = "warm_fallback"  # warm starts are off for the rest of the launch: why
 
 
 class EventLineError(ValueError):
@@ -241,6 +242,14 @@ class Quarantined(_Event):
     attempt: int  # the round it did not join
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmFallback(_Event):
+    """The workers start cold from now on (`warm/`): the template refused or broke."""
+
+    kind: ClassVar[EventKind] = EventKind.WARM_FALLBACK
+    reason: str
+
+
 Event: TypeAlias = (
     Joining
     | RendezvousRound
@@ -256,6 +265,7 @@ Event: TypeAlias = (
     | Hang
     | Finish
     | Quarantined
+    | WarmFallback
 )
 _BY_KIND: dict[str, type[Event]] = {cls.kind.value: cls for cls in typing.get_args(Event)}
 _HINTS: dict[EventKind, dict[str, Any]] = {}

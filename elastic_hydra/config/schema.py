@@ -162,6 +162,15 @@ class TimeoutsConf:
 
 
 @dataclass
+class WarmConf:
+    imports: list[str] = key(
+        [],
+        "modules a template process imports once per node; Python workers are then forked from"
+        " it (restarts too), e.g. [torch]; []: every worker starts cold",
+    )
+
+
+@dataclass
 class ElasticHydraConf:
     script: str | None = key(None, "the entrypoint: a Python script (exactly one of three)")
     module: str | None = key(None, "... or a module, run as python -m")
@@ -199,6 +208,7 @@ class ElasticHydraConf:
     monitor_interval: float = key(0.1, "seconds between membership checks (multi-node)")
     env: dict[str, str] = key({}, "extra environment for the workers: env.NAME=value")
     hp: dict[str, Any] = key({}, "free values to interpolate into args: hp.NAME=value")
+    warm: WarmConf = group(WarmConf, "warm starts: Python workers forked from an imported template")
 
 
 def register() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from elastic_hydra import stopsignals
-from elastic_hydra.agent.events import Event
+from elastic_hydra.agent.events import Event, WarmFallback
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import JobFailures, Rendezvous
@@ -91,6 +91,10 @@ class EventLog:
                 self._close_file()
         if self.echo:
             notices.progress(event, multi_node=self.multi_node)
+
+    def cold(self, reason: str) -> None:
+        """Warm starts are off for the rest of the launch (`warm/`): one event, one notice."""
+        self.emit(WarmFallback(reason=reason, wall_time=time.time(), mono_time=time.monotonic()))
 
     def _close_file(self) -> None:
         if self.file is not None:
@@ -311,7 +315,9 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     become_subreaper()
     contain = Containment(str(run_dir.root))
     guard = GroupGuard(contain)
-    factory = LocalWorkerFactory(plan, run_dir, flag, guard, contain, launch_time=started_at)
+    factory = LocalWorkerFactory(
+        plan, run_dir, flag, guard, contain, launch_time=started_at, warm_fallback=events.cold
+    )  # fmt: skip
     try:
         with handle_signals(flag):
             rdzv = make_rendezvous(plan, flag)
@@ -330,6 +336,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
         _save_error(run_dir, exc)
         raise
     finally:
+        factory.close()
         contain.kill_all(keep=[guard.pid])  # what left the workers' groups: daemons, setsid
         contain.close()
         guard.close()

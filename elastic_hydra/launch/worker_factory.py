@@ -8,7 +8,9 @@ import functools
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
@@ -22,9 +24,13 @@ from elastic_hydra.workers.guard import GroupGuard
 from elastic_hydra.workers.notes import WorkerNotes
 from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
 
+if TYPE_CHECKING:
+    from elastic_hydra.warm.pool import WarmPool
+
 STORE_FD_ENV = (
     "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
 )
+WARM_READY_WAIT = 300.0  # seconds the first attempt waits for the template's imports
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 
 
@@ -46,6 +52,7 @@ class LocalWorkerFactory:
         contain: Containment,
         *,
         launch_time: float | None = None,
+        warm_fallback: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.guard = guard
         self.launch_time = launch_time  # every rank and attempt gets this one (a Hydra app's now)
@@ -59,11 +66,19 @@ class LocalWorkerFactory:
         self.colour = notices.colour(sys.stdout)  # rank prefixes: NO_COLOR turns them off
         self.argv = plan.argv
         self.store_fd: int | None = None  # standalone: rank 0's store listens on it
+        # Started now: the template imports while the rendezvous runs (None: cold starts).
+        self.warm: WarmPool | None = None
+        if plan.warm.imports:
+            from elastic_hydra.warm.pool import start_pool  # not a cost of every cold launch
+
+            self.warm = start_pool(plan, self.base_env, self.cwd, warm_fallback)
 
     def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> LocalWorkers:
         specs = [
             self._spec(node, attempt, restart_count, lr) for lr in range(self.plan.nproc_per_node)
         ]
+        if self.warm is not None:
+            self.warm.wait_ready(WARM_READY_WAIT, self.flag.read_fd)
         return LocalWorkers(
             specs,
             self.sink,
@@ -71,7 +86,13 @@ class LocalWorkerFactory:
             self.guard,
             self.contain,
             hurry=lambda: self.flag.count > 1,  # a second Ctrl-C kills at once
+            spawner=self.warm,
         )
+
+    def close(self) -> None:
+        """End the warm template, if any (every worker is stopped by then)."""
+        if self.warm is not None:
+            self.warm.close()
 
     def _spec(
         self, node: NodeAssignment, attempt: int, restart_count: int, local_rank: int

@@ -19,6 +19,7 @@ from elastic_hydra.agent.events import (
     RendezvousRound,
     Restart,
     Stopping,
+    WarmFallback,
 )
 from elastic_hydra.plan import HangAction, HangSpec
 from elastic_hydra.records import RunSummary
@@ -77,6 +78,8 @@ def progress(event: Event, *, multi_node: bool) -> None:
                 f"elastic-hydra: {event.signal}: stopping {event.workers} worker(s), up to "
                 f"{event.grace:g} s (stop_grace); Ctrl-C again to kill them now"
             )
+        case WarmFallback():
+            say(f"elastic-hydra: warm starts off (warm.imports), cold starts: {event.reason}")
         case _ if not multi_node:
             return
         case Joining():

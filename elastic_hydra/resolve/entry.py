@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from elastic_hydra.config.schema import ElasticHydraConf
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.plan import Command, Entrypoint, PythonModule, PythonScript
+from elastic_hydra.plan import Command, Entrypoint, PythonModule, PythonScript, WarmSpec
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # The bootstrap is run (as a file), not imported: it lives with the worker processes.
@@ -105,3 +105,27 @@ def _command(cmd: str, args: tuple[str, ...], host: HostFacts) -> Command:
             "cmd", "program not found or not executable", program, "expected a program on PATH"
         )
     return Command(program=program, args=(*words[1:], *args))
+
+
+def resolve_warm(imports: object, entry: Entrypoint) -> WarmSpec:
+    """The modules of warm starts (`warm.imports`), checked; () where workers start cold:
+    `cmd=` programs and `bootstrap=false` (a fork becomes the user's script through the
+    bootstrap, so only a bootstrapped Python worker can be forked warm).
+
+    Raises:
+        ConfigError: an entry that is not a module name.
+    """
+    names: list[str] = []
+    for name in imports if isinstance(imports, list | tuple) else [imports]:
+        if not isinstance(name, str) or not _MODULE_NAME.match(name):
+            raise ConfigError(
+                "warm.imports",
+                "not a module name",
+                name,
+                "expected a list of importable modules, e.g. warm.imports=[torch]",
+            )
+        if name not in names:
+            names.append(name)
+    if isinstance(entry, Command) or entry.bootstrap is None:
+        return WarmSpec()
+    return WarmSpec(imports=tuple(names))

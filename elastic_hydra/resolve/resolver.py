@@ -30,7 +30,7 @@ from elastic_hydra.config.schema import ElasticHydraConf
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import LaunchPlan, Standalone
 from elastic_hydra.resolve import machine as probe
-from elastic_hydra.resolve.entry import HostFacts, resolve_entrypoint
+from elastic_hydra.resolve.entry import HostFacts, resolve_entrypoint, resolve_warm
 from elastic_hydra.resolve.gpus import Machine, resolve_devices, resolve_nproc
 from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.runtime import (
@@ -110,8 +110,9 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         job_visible=conf.env.get("CUDA_VISIBLE_DEVICES"),
     )
     fresh = isinstance(topology.rdzv, Standalone)
+    entrypoint = resolve_entrypoint(conf, host)
     plan = LaunchPlan(
-        entrypoint=resolve_entrypoint(conf, host),
+        entrypoint=entrypoint,
         nnodes=topology.nnodes,
         nproc_per_node=nproc,
         rdzv=topology.rdzv,
@@ -129,6 +130,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         run_dir=node_dir(run_dir, host) if topology.nnodes.max > 1 else run_dir,
         quarantine=resolve_quarantine(conf.quarantine, host.cwd),
         collective_timeout=_collective_timeout(conf.timeouts.collective),
+        warm=resolve_warm(conf.warm.imports, entrypoint),
     )
     check_timeouts(plan)  # a layer that breaks the job is refused; warnings: `timeouts.derive`
     return plan

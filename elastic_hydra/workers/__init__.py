@@ -3,6 +3,8 @@
 - `supervise`: starts one attempt's workers, each in its own process group behind a gate that
   opens once the agent knows its group (no window for an orphan); wakes on a child's exit; stops
   with SIGTERM + SIGCONT, a grace, SIGKILL and a bounded wait.
+- `spawn`: how a worker comes to be: a cold start (`setpriv` and a shell gate, then the program)
+  or a `Spawner`'s fork (the warm template of `warm/`); `supervise` sees a Popen-like process.
 - `guard`: a small process of its own that kills the workers' groups if the agent dies, even
   by SIGKILL.
 - `contain`: every descendant of the workers, daemons included, found and stopped at the end

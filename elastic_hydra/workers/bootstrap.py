@@ -288,6 +288,14 @@ def _pin_hydra_now(launched: float) -> None:
             omegaconf.register_new_resolver("now", when.strftime, use_cache=True, replace=True)
 
         utils.setup_globals = setup_globals
+        # Modules that imported it by name before (Hydra's own compose and basic launcher:
+        # only in a warm worker, whose template imported Hydra) get the pinned one too.
+        for module in list(sys.modules.values()):
+            try:
+                if getattr(module, "setup_globals", None) is setup:
+                    vars(module)["setup_globals"] = setup_globals
+            except Exception:  # a lazy module that will not be looked at: not Hydra's
+                pass
 
     _after_import("hydra.core.utils", pin)
 
@@ -295,7 +303,15 @@ def _pin_hydra_now(launched: float) -> None:
 def _after_import(name: str, patch: Any) -> None:
     """Call `patch(module)` once the module `name` is imported (executed), before the importer
     gets it; the script's own import machinery (other finders, editable installs) finds it.
-    A patch that fails leaves the module as it was: it is never the worker's problem."""
+    A patch that fails leaves the module as it was: it is never the worker's problem.
+    A module imported already (a warm worker forked from a template that imported torch) is
+    patched at once."""
+    if (module := sys.modules.get(name)) is not None:
+        try:  # noqa: SIM105 (no contextlib: see main)
+            patch(module)
+        except Exception:  # the module stays as it came
+            pass
+        return
 
     class Finder:  # a meta path finder (importlib.abc is not imported: it costs every start)
         def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:

@@ -34,6 +34,7 @@ from pathlib import Path
 from elastic_hydra.agent.worker_env import RUN_DIR as RUN_DIR_ENV
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 _KILL_WAIT = 5.0
 _STALE = re.compile(r"elastic-hydra-([0-9]+)-[0-9a-f]{8}")
 CGROUP_ENV = "ELASTIC_HYDRA_CGROUP"  # "off": use the environment tag even where a cgroup works
@@ -199,3 +200,11 @@ def _environ(pid: int) -> bytes:
             return b"\0" + f.read()
     except OSError:
         return b""
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper (a worker forked by a template becomes its
+    child only then; see `warm/`)."""
+    value = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0)
+    return value.value == 1

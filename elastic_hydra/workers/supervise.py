@@ -11,12 +11,9 @@ themselves or the guard, whose exit status is read here.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import functools
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import time
@@ -33,8 +30,8 @@ from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
 from elastic_hydra.workers.contain import Containment, reap_orphans
 from elastic_hydra.workers.guard import GroupGuard
 from elastic_hydra.workers.notes import WorkerNotes, tidy_notes
+from elastic_hydra.workers.spawn import Spawner, WorkerProcess, popen_cold
 
-_PR_SET_PDEATHSIG = 1
 _KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
 _REAP_EVERY = 1.0  # seconds between looks for ended orphans while the workers run
 
@@ -53,45 +50,6 @@ class WorkerSpec:
     cpus: tuple[int, ...] | None = None  # CPU affinity; None: the agent's
     pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (rank 0's store socket)
     notes: WorkerNotes | None = None  # tidied once the worker is gone
-
-
-# util-linux's setpriv sets the death signal and execs the worker: a ~1 ms C program, where a
-# Python preexec_fn forces a full fork of the agent (~10 ms per worker, measured).
-@functools.cache
-def _setpriv() -> str | None:
-    return shutil.which("setpriv")
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-# The worker's first program after setpriv: it runs no code of the worker until the agent says so.
-# The death signal is armed by then, but the agent may have died just before: check the parent.
-# Then wait for the agent's go (one line on the gate, stdin): the agent sends it once the guard
-# knows the worker's group and the worker is in the launch's cgroup, so nothing the worker starts
-# can escape either. End of file means the agent died meanwhile. The line is read into a variable
-# of the shell's own (not `_`, which is inherited and exported: the worker would see `_=go`).
-_TRAMPOLINE = '[ "$PPID" = "$1" ] && read -r eh_go || exit 125; shift; exec "$@" </dev/null'
-
-
-def _launch_options(argv: tuple[str, ...]) -> tuple[list[str], Callable[[], None] | None]:
-    gated = ["/bin/sh", "-c", _TRAMPOLINE, "sh", str(os.getpid()), *argv]
-    if (setpriv := _setpriv()) is not None:
-        return [setpriv, "--pdeathsig", "KILL", "--", *gated], None
-    return gated, _die_with_parent(os.getpid())
-
-
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    libc = _libc()  # loaded here: the child runs between fork and exec
-
-    def child() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the agent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return child
 
 
 def _private_dirs(rank_dir: Path) -> None:
@@ -116,7 +74,9 @@ def _start_error(spec: WorkerSpec, exc: OSError) -> WorkerStartError:
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec, sink: ConsoleSink | None) -> None:
+    def __init__(
+        self, spec: WorkerSpec, sink: ConsoleSink | None, spawner: Spawner | None = None
+    ) -> None:
         self.spec = spec
         _private_dirs(spec.stdout.parent)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -124,20 +84,12 @@ class _Worker:
         err = os.open(spec.stderr, flags, PRIVATE_FILE)
         self.files = {1: out, 2: err}
         tee = spec.tee and sink is not None
-        argv, preexec = _launch_options(spec.argv)
         gate, self._go = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                env=spec.env,
-                cwd=spec.cwd,
-                stdin=gate,
-                stdout=subprocess.PIPE if tee else out,
-                stderr=subprocess.PIPE if tee else err,
-                start_new_session=True,
-                pass_fds=spec.pass_fds,
-                preexec_fn=preexec,  # noqa: PLW1509 - the agent forks from its only thread
-            )
+            proc = None
+            if spawner is not None:  # warm: forked; None when it cannot (then cold)
+                proc = spawner.spawn(spec, gate=gate, out=out, err=err, pipes=tee)
+            self.proc: WorkerProcess = proc or popen_cold(spec, gate, out, err, tee)
         except OSError:
             for fd in (out, err, self._go):
                 os.close(fd)
@@ -207,8 +159,10 @@ class LocalWorkers:
         containment: Containment | None = None,
         *,
         hurry: Callable[[], bool] = lambda: False,
+        spawner: Spawner | None = None,
     ) -> None:
         self._guard = guard
+        self._spawner = spawner  # warm starts: workers forked from a template (warm/)
         self._hurry = hurry  # true once the user asked again: skip the rest of the grace
         self._sel = selectors.DefaultSelector()
         self._wake_fd = wake_fd
@@ -230,7 +184,7 @@ class LocalWorkers:
     def _start(
         self, spec: WorkerSpec, sink: ConsoleSink | None, contain: Containment | None
     ) -> None:
-        worker = _Worker(spec, sink)
+        worker = _Worker(spec, sink, self._spawner)
         self.workers.append(worker)
         if contain is not None:
             contain.add(worker.pid)
@@ -269,7 +223,9 @@ class LocalWorkers:
     def reap_orphans(self) -> None:
         """Reap the ended descendants the agent inherited, never a worker or the guard."""
         own = [w.pid for w in self.workers if w.proc.returncode is None]
-        reap_orphans([*own, *([self._guard.pid] if self._guard is not None else [])])
+        guard = [] if self._guard is None else [self._guard.pid]
+        template = [] if self._spawner is None or self._spawner.pid is None else [self._spawner.pid]
+        reap_orphans([*own, *guard, *template])
 
     def _poll(self, timeout: float | None) -> tuple[list[Exited], bool]:
         exited: list[Exited] = []

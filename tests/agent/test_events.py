@@ -28,6 +28,7 @@ from elastic_hydra.agent.events import (
     Stop,
     Stopping,
     UnknownEventKindError,
+    WarmFallback,
     WorkerExited,
     WorkersStarted,
     event_from_json,
@@ -118,6 +119,10 @@ SAMPLES: list[tuple[Event, str]] = [
                     attempt=0),
         '{"event": "quarantined", %s, "host": "node-3", "gpus": [5], '
         '"evidence": "preflight: slow", "until": 1800000000.0, "attempt": 0}',
+    ),
+    (
+        WarmFallback(**AT, reason="cannot import torch: ModuleNotFoundError"),
+        '{"event": "warm_fallback", %s, "reason": "cannot import torch: ModuleNotFoundError"}',
     ),
     (
         Finish(**AT, status=Status.RENDEZVOUS_FAILED, exit_code=3, reason="no quorum",
@@ -281,6 +286,8 @@ def test_progress_lines_read_the_typed_events(capsys: pytest.CaptureFixture[str]
         "report (hang.action)",
         "elastic-hydra: all ranks wait in all_reduce. Every rank's stacks: attempt_2/*/stacks.txt;"
         " stopping them (a failure) (hang.action=restart)",
+        "elastic-hydra: warm starts off (warm.imports), cold starts: cannot import torch: "
+        "ModuleNotFoundError",
     ]
     for event in EVENTS:
         notices.progress(event, multi_node=True)

@@ -253,6 +253,13 @@ def read_facts(out: Path, who: str) -> dict[str, Any]:
     return dict(json.loads((out / f"facts_{who}.json").read_text()))
 
 
+def start_options(bootstrap: bool | str) -> list[str]:
+    """Cold through the bootstrap or without it, or forked warm from a template (`warm/`)."""
+    if bootstrap == "warm":
+        return ["bootstrap=true", "warm.imports=[json]"]
+    return [f"bootstrap={bootstrap}"]
+
+
 def run_plain(argv: list[str], cwd: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-u", *argv],
@@ -265,8 +272,8 @@ def run_plain(argv: list[str], cwd: Path) -> None:
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
 
 
-@pytest.mark.parametrize("bootstrap", [True, False])
-def test_script_sees_what_python_script_gives_it(tmp_path: Path, bootstrap: bool) -> None:
+@pytest.mark.parametrize("bootstrap", [True, False, "warm"])
+def test_script_sees_what_python_script_gives_it(tmp_path: Path, bootstrap: bool | str) -> None:
     tmp_path = tmp_path.resolve()
     app = tmp_path / "app"
     elsewhere = tmp_path / "elsewhere"  # the cwd: the helper is importable only via sys.path[0]
@@ -280,7 +287,7 @@ def test_script_sees_what_python_script_gives_it(tmp_path: Path, bootstrap: bool
     args = (str(out), *FACTS_ARGS)
 
     run = launch(
-        tmp_path, f"script={script}", "nproc_per_node=2", f"bootstrap={bootstrap}",
+        tmp_path, f"script={script}", "nproc_per_node=2", *start_options(bootstrap),
         args=args, cwd=elsewhere,
     )  # fmt: skip
     assert run.proc.returncode == 0, run.report
@@ -311,8 +318,8 @@ def test_script_sees_what_python_script_gives_it(tmp_path: Path, bootstrap: bool
         assert facts == plain
 
 
-@pytest.mark.parametrize("bootstrap", [True, False])
-def test_module_sees_what_python_m_gives_it(tmp_path: Path, bootstrap: bool) -> None:
+@pytest.mark.parametrize("bootstrap", [True, False, "warm"])
+def test_module_sees_what_python_m_gives_it(tmp_path: Path, bootstrap: bool | str) -> None:
     tmp_path = tmp_path.resolve()
     project = tmp_path / "project"  # the cwd: `-m` puts it first on sys.path
     package = project / "facts_pkg"
@@ -326,7 +333,7 @@ def test_module_sees_what_python_m_gives_it(tmp_path: Path, bootstrap: bool) -> 
     args = (str(out), *FACTS_ARGS)
 
     run = launch(
-        tmp_path, "module=facts_pkg.mod", "nproc_per_node=2", f"bootstrap={bootstrap}",
+        tmp_path, "module=facts_pkg.mod", "nproc_per_node=2", *start_options(bootstrap),
         args=args, cwd=project,
     )  # fmt: skip
     assert run.proc.returncode == 0, run.report
