@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.jsonrecord import JsonRecord
 from elastic_hydra.plan import HangAction
 from elastic_hydra.tracebacks import Stack
@@ -315,6 +316,8 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"  # the agent received a signal
     RENDEZVOUS_FAILED = "rendezvous_failed"
+    PREFLIGHT_FAILED = "preflight_failed"  # this node failed its preflight (exit 4)
+    PREFLIGHT_STOPPED = "preflight_stopped"  # others failed theirs, too few remain (exit 5)
     CONFIG_ERROR = "config_error"  # bad input found only at the launch (e.g. torch missing)
     ERROR = "error"  # a bug in the launcher (EXIT_BUG)
 
@@ -343,6 +346,7 @@ class RunSummary(JsonRecord):
     exits: tuple[WorkerExit, ...] = ()
     hang: HangRecord | None = None  # the last hang found (hang.timeout)
     peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
+    preflight: PreflightVerdict | None = None  # the last round's preflight verdict
 
     @property
     def earlier_failures(self) -> tuple[FailureRecord, ...]:

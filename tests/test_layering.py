@@ -27,19 +27,23 @@ FOLDERS: dict[str, set[str]] = {
     "torchrun": set(),
     "config": set(),
     "resolve": {"config"},
-    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report"},
+    "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
+               "preflight"},  # the battery between a round and the workers
     "agent": set(),
     "workers": {"agent"},
     "rendezvous": {"hangs", "agent"},
     "hangs": {"agent"},
     "report": {"hangs", "agent", "resolve"},
     "sweeps": {"report", "resolve"},
+    "preflight": {"agent"},
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun")
-PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact")
-PURE_MORE = ("hangs.verdict", "rendezvous.sealed_records")
+PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
+             "health")
+PURE_MORE = ("hangs.verdict", "rendezvous.sealed_records",
+             "preflight.verdict", "preflight.results")
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
 # Third-party imports, by the folder or module that may make them.
@@ -48,7 +52,10 @@ MAY_IMPORT = {
     "omegaconf": {"config"},
     # report's three renderers (failure report, plan, history) and the pool's live view.
     "rich": {"report.render", "report.history", "report.plan_view", "sweeps.view"},
-    "torch": {"rendezvous"},
+    "torch": {"rendezvous",
+              # The probe runs in the preflight's worker processes (python -m), never in an
+              # agent: no module imports it (test_the_preflight_probe_is_run_not_imported).
+              "preflight.probe"},
 }
 
 
@@ -281,6 +288,14 @@ def test_the_checker_sees_imports() -> None:
     assert "rich" in imported_roots(found["report.render"])
     assert "torch" in imported_roots(found["rendezvous.torch_backend"])
     assert not may_import("agent.executor", "torch") and not may_import("cli.run", "rich")
+
+
+def test_the_preflight_probe_is_run_not_imported() -> None:
+    # The probe imports torch (~2 s a process): it runs in the preflight's worker processes as
+    # `python -m elastic_hydra.preflight.probe`; an agent that imported it would pay for torch.
+    importers = [m for m, path in modules().items() if "preflight.probe" in internal_imports(path)]
+    assert importers == []
+    assert "torch" in imported_roots(modules()["preflight.probe"])
 
 
 # The pool plugin is a front end of its own: Hydra calls it, it drives a sweep.

@@ -20,6 +20,7 @@ from elastic_hydra.agent.seams import (
     HangWatch,
     NodeAssignment,
     Observer,
+    Preflight,
     Rendezvous,
     StopRequest,
     WorkerGroup,
@@ -52,6 +53,7 @@ class Executor(CollateralWait):
         stop: StopRequest,
         read_failure: Callable[[WorkerExit], FailureRecord],
         hang: HangWatch | None = None,
+        preflight: Preflight | None = None,
     ) -> None:
         self.plan = plan
         self.rdzv = rendezvous
@@ -61,6 +63,7 @@ class Executor(CollateralWait):
         self.stop_request = stop
         self.state = LoopState()
         self.read_failure = read_failure  # a failed worker's record, from its files
+        self.preflight = preflight
         # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
@@ -80,6 +83,12 @@ class Executor(CollateralWait):
             if (stopped := self._stopped()) is not None:  # a signal during the rendezvous
                 return stopped
             self.state.node = node
+            if self.preflight is not None:
+                judged = self._preflight(node)
+                if judged is False:
+                    continue  # a new round without the nodes that failed: no restart spent
+                if judged is not True:
+                    return judged
             try:
                 group = self.start_workers(node, self.state.attempts, self.state.restarts)
             except WorkerStartError as exc:  # retrying would fail the same way
@@ -123,6 +132,36 @@ class Executor(CollateralWait):
             )
         )
         return node
+
+    def _preflight(self, node: NodeAssignment) -> RunOutcome | bool:
+        """The round's preflight verdict acted on: True to start the workers, False to join a
+        new round without the nodes that failed (enough remain), else how the run ended here."""
+        assert self.preflight is not None
+        try:
+            verdict = self.preflight.check(node, self.state.attempts, self.state.restarts)
+        except RendezvousError as exc:
+            return self._stopped() or self._finish(Status.RENDEZVOUS_FAILED, str(exc))
+        self.state.preflight = verdict
+        if (stopped := self._stopped()) is not None:
+            return stopped
+        if verdict.passed:
+            return True
+        if node.group_rank in verdict.bad_nodes:
+            mine = [f.line for f in verdict.findings if f.fatal and f.node == node.group_rank]
+            reason = mine[0].removeprefix("preflight: ") if mine else "failed"
+            return self._finish(
+                Status.PREFLIGHT_FAILED, f"this node failed its preflight: {reason}"
+            )
+        remaining = node.group_world_size - len(verdict.bad_nodes)
+        failed = ", ".join(str(n) for n in verdict.bad_nodes)
+        if remaining >= self.plan.nnodes.min:
+            return False
+        return self._finish(
+            Status.PREFLIGHT_STOPPED,
+            f"node(s) {failed} failed their preflight; {remaining} node(s) remain, fewer than "
+            f"the nnodes minimum {self.plan.nnodes.min} (nnodes={self.plan.nnodes}). Replace "
+            "or leave out the node(s) named above, or lower MIN in nnodes",
+        )
 
     def _monitor(self, group: WorkerGroup, node: NodeAssignment) -> tuple[Ended, str]:
         while True:
@@ -350,6 +389,7 @@ class Executor(CollateralWait):
             stuck_pids=tuple(self.state.stuck),
             hang=self.state.hang,
             peer_failures=tuple(self.state.peers),
+            preflight=self.state.preflight,
         )
         self.observer.emit(
             events.Finish(

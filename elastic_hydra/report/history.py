@@ -32,6 +32,7 @@ from elastic_hydra.report.render import (
     hang_section,
     outcome_report,
     peer_section,
+    preflight_section,
     show,
 )
 
@@ -57,7 +58,12 @@ def run_report(
         if summary.hang is not None:
             on_the_way.append(Text(f"reported on the way: {summary.hang.verdict}", style="yellow"))
             on_the_way += hang_section(summary.hang, plain=plain)
-        ending = Group(*on_the_way, *peer_section(summary.peer_failures), ending)
+        ending = Group(
+            *preflight_section(summary.preflight),
+            *on_the_way,
+            *peer_section(summary.peer_failures),
+            ending,
+        )
     return [timeline(events, plain=plain), attempts_table(events, plain=plain), ending]
 
 

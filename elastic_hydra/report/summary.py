@@ -49,6 +49,7 @@ def summarize(
         exits=outcome.exits,
         hang=outcome.hang,
         peer_failures=outcome.peer_failures,
+        preflight=outcome.preflight,
     )
 
 

@@ -30,6 +30,7 @@ from elastic_hydra.plan import LaunchPlan, Standalone
 from elastic_hydra.resolve import machine as probe
 from elastic_hydra.resolve.entry import HostFacts, resolve_entrypoint
 from elastic_hydra.resolve.gpus import Machine, resolve_devices, resolve_nproc
+from elastic_hydra.resolve.preflight import resolve_preflight
 from elastic_hydra.resolve.runtime import (
     resolve_env,
     resolve_hang,
@@ -121,6 +122,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         env=resolve_env(conf.env),
         devices=workers,
         run_dir=node_dir(run_dir, host) if topology.nnodes.max > 1 else run_dir,
+        preflight=resolve_preflight(conf.preflight, nnodes=topology.nnodes, rdzv=topology.rdzv),
     )
 
 
