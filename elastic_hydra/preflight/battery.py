@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_hydra.agent.seams import NodeAssignment, NodeExchange, WorkerGroup
-from elastic_hydra.health import PreflightVerdict
+from elastic_hydra.health import PreflightMode, PreflightVerdict
 from elastic_hydra.plan import PreflightSpec
 from elastic_hydra.preflight import node_checks
 from elastic_hydra.preflight.results import (
@@ -99,7 +99,8 @@ class Battery:
         )
         left = max(0.0, began + spec.timeout - time.monotonic())
         raws = self.exchange.gather("preflight", report.encode(), limit=MAX_REPORT, timeout=left)
-        reports = [read_report(raw, i, self.setup.nproc) for i, raw in enumerate(raws)]
+        nodes, nproc = node.group_world_size, self.setup.nproc
+        reports = [read_report(raw, i, nproc, nodes) for i, raw in enumerate(raws)]
         verdict = rate(reports, Rating(mode=spec.mode, min_ratio=spec.min_ratio, round=rnd))
         verdict = dataclasses.replace(verdict, seconds=round(time.monotonic() - began, 3))
         for line in verdict.lines():
@@ -116,6 +117,7 @@ class Battery:
                 "allreduce_bytes": spec.allreduce_bytes,
                 "allreduce_reps": spec.allreduce_reps,
                 "timeout": max(1.0, spec.timeout * PROBE_SHARE),
+                "pairs": spec.mode is PreflightMode.FULL,
             }
         )
 

@@ -8,7 +8,9 @@ agent (it imports torch).
 2. a barrier, then an n x n float32 matrix multiply repeated for a fixed time: GFLOP/s;
 3. an allreduce inside the node (when it has several workers) and across nodes (one worker per
    node), timed after a warm-up: bus bandwidth, as nccl-tests counts it (2 (n-1)/n of the bytes);
-4. the result as JSON in OUT, written whole (renamed into place).
+4. in `full`, with more than two nodes, every pair of nodes in rounds of disjoint pairs (each
+   round side by side): the bus bandwidth of each link;
+5. the result as JSON in OUT, written whole (renamed into place).
 """
 
 from __future__ import annotations
@@ -81,8 +83,54 @@ def measure(settings: dict[str, Any], local_rank: int, rank: int) -> dict[str, A
             found["intra_busbw"] = busbw if local_rank == 0 else None
         if nodes > 1 and local_rank == 0:
             found["cross_busbw"] = allreduce(device, leaders, nodes, size, reps)
+        if settings.get("pairs") and nodes > 2:
+            found["links"] = links(
+                device,
+                node if local_rank == 0 else None,
+                nodes=nodes,
+                local_world=local_world,
+                size=size,
+                reps=reps,
+            )
         dist.barrier()
         dist.destroy_process_group()
+    return found
+
+
+def pairings(nodes: int) -> list[list[tuple[int, int]]]:
+    """Every pair of nodes once, in rounds of disjoint pairs (the circle method): each round's
+    pairs run side by side, so a job of n nodes takes n - 1 rounds (n rounds when n is odd)."""
+    ring = list(range(nodes)) + ([-1] if nodes % 2 else [])
+    rounds = []
+    for _ in range(len(ring) - 1):
+        half = len(ring) // 2
+        pairs = [(min(ring[i], ring[-1 - i]), max(ring[i], ring[-1 - i])) for i in range(half)]
+        rounds.append([(a, b) for a, b in pairs if a >= 0])
+        ring = [ring[0], ring[-1], *ring[1:-1]]
+    return rounds
+
+
+def links(
+    device: torch.device, node: int | None, *, nodes: int, local_world: int, size: int, reps: int
+) -> list[dict[str, Any]]:
+    """Bus bandwidth of every pair of nodes (their local ranks 0), each measured by both; the
+    lower node of a pair reports it. `node`: this worker's node if it is its local rank 0."""
+    import torch.distributed as dist
+
+    rounds = pairings(nodes)
+    groups = {
+        pair: dist.new_group([pair[0] * local_world, pair[1] * local_world])
+        for pairs in rounds
+        for pair in pairs
+    }  # every rank makes every group, in the same order
+    found = []
+    for pairs in rounds:
+        for a, b in pairs:
+            if node in (a, b):
+                busbw = allreduce(device, groups[(a, b)], 2, size, reps)
+                if node == a:
+                    found.append({"peer": b, "busbw": busbw})
+        dist.barrier()  # one round of pairs at a time
     return found
 
 

@@ -21,6 +21,14 @@ MAX_TEXT = 300  # characters of one problem or error shown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LinkResult(JsonRecord):
+    """The bus bandwidth between this worker's node and a higher one (full)."""
+
+    peer: int  # node rank
+    busbw: float  # GB/s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerResult(JsonRecord):
     """What one probe worker measured (written by `preflight.probe`)."""
 
@@ -31,6 +39,7 @@ class WorkerResult(JsonRecord):
     gemm_gflops: float | None = None
     intra_busbw: float | None = None  # GB/s of the allreduce inside the node (local rank 0)
     cross_busbw: float | None = None  # GB/s of the allreduce across nodes (local rank 0)
+    links: tuple[LinkResult, ...] = ()  # full, local rank 0: each link to a higher node
     error: str = ""  # why it measured nothing
 
 
@@ -66,7 +75,7 @@ class NodeReport(JsonRecord):
         return json.dumps(self.to_json()).encode()
 
 
-def read_report(raw: bytes | None, node: int, nproc: int) -> NodeReport | str:
+def read_report(raw: bytes | None, node: int, nproc: int, nodes: int = 0) -> NodeReport | str:
     """Node `node`'s report, or why it is none (missing, too large, malformed, implausible)."""
     if raw is None:
         return "published no preflight result in time"
@@ -85,7 +94,9 @@ def read_report(raw: bytes | None, node: int, nproc: int) -> NodeReport | str:
     if sorted(w.local_rank for w in report.workers) != list(range(nproc)):
         return f"published preflight results for other than its {nproc} worker(s)"
     for w in report.workers:
-        for value in (w.gemm_gflops, w.intra_busbw, w.cross_busbw):
+        if any(not node < link.peer < nodes for link in w.links):
+            return "published a preflight result naming a link to no node of the round"
+        for value in (w.gemm_gflops, w.intra_busbw, w.cross_busbw, *(k.busbw for k in w.links)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 return f"published an impossible measurement ({value!r:.40})"
     return report

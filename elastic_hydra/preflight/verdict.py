@@ -44,10 +44,11 @@ def rate(reports: Sequence[NodeReport | str], rating: Rating) -> PreflightVerdic
         ]
     gemm_median = _gemm(good, rating.min_ratio, found)
     _intra(good, rating.min_ratio, found)
+    _links(good, rating.min_ratio, found, len(reports))
     cross = [w.cross_busbw for r in good for w in r.workers if w.cross_busbw is not None]
     busbw = statistics.median(cross) if cross else None
     if busbw is not None:
-        line = f"preflight: allreduce across {len(reports)} nodes at {busbw:.2f} GB/s bus bandwidth"
+        line = f"preflight: allreduce across {len(reports)} nodes at {busbw:.3g} GB/s bus bandwidth"
         found.append(Finding(check=Check.ALLREDUCE, line=line, fatal=False))
     return _verdict(reports, rating, found, gemm_median, busbw)
 
@@ -110,14 +111,46 @@ def _intra(reports: list[NodeReport], min_ratio: float, found: list[Finding]) ->
     if not figures:
         return
     median = statistics.median(figures.values())
-    line = f"preflight: allreduce inside each node at {median:.2f} GB/s bus bandwidth (median)"
+    line = f"preflight: allreduce inside each node at {median:.3g} GB/s bus bandwidth (median)"
     found.append(Finding(check=Check.ALLREDUCE, line=line, fatal=False))
     for report in reports:
         value = figures.get(report.node)
         if value is None or median <= 0 or value >= min_ratio * median:
             continue
-        what = f"allreduce inside the node at {value:.2f} GB/s of {median:.2f} GB/s median"
+        what = f"allreduce inside the node at {value:.3g} GB/s of {median:.3g} GB/s median"
         found.append(_finding(Check.ALLREDUCE, report.node, report.host, what, fatal=True))
+
+
+def _links(reports: list[NodeReport], min_ratio: float, found: list[Finding], nodes: int) -> None:
+    """Every link's bus bandwidth against the median link (full). A slow link is named, not
+    blamed on either end; a node whose every link is slow (of three nodes or more) is the node."""
+    figures = {
+        (r.node, link.peer): link.busbw for r in reports for w in r.workers for link in w.links
+    }
+    if not figures:
+        return
+    hosts = {r.node: clip(r.host) for r in reports}
+    median = statistics.median(figures.values())
+    slow = {pair for pair, value in figures.items() if value < min_ratio * median}
+    line = f"preflight: {len(figures)} links between nodes at {median:.3g} GB/s (median)"
+    found.append(Finding(check=Check.LINK, line=line, fatal=False))
+    for a, b in sorted(slow):
+        what = (
+            f"preflight: link {_name(a, hosts)} <-> {_name(b, hosts)} at "
+            f"{figures[(a, b)]:.3g} GB/s of {median:.3g} GB/s median"
+        )
+        found.append(
+            Finding(check=Check.LINK, line=what, fatal=False, node=a, host=hosts[a], peer=b)
+        )
+    for n in range(nodes) if nodes >= 3 else ():
+        mine = [pair for pair in figures if n in pair]
+        if len(mine) == nodes - 1 and all(pair in slow for pair in mine):
+            what = f"every link at under {100 * min_ratio:.0f} % of the median link bandwidth"
+            found.append(_finding(Check.LINK, n, hosts.get(n, ""), what, fatal=True))
+
+
+def _name(node: int, hosts: dict[int, str]) -> str:
+    return f"node {node} ({hosts[node]})" if hosts.get(node) else f"node {node}"
 
 
 def _where(w: WorkerResult) -> str:
@@ -129,7 +162,7 @@ def _where(w: WorkerResult) -> str:
 def _finding(
     check: Check, node: int, host: str, what: str, *, fatal: bool, gpu: int | None = None
 ) -> Finding:
-    name = f"node {node} ({clip(host)})" if host else f"node {node}"
+    name = _name(node, {node: clip(host)})
     return Finding(
         check=check,
         line=f"preflight: {name} {what}",

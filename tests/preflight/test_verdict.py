@@ -7,9 +7,11 @@ import json
 import pytest
 
 from elastic_hydra.health import Check, PreflightMode, PreflightVerdict
+from elastic_hydra.preflight.probe import pairings  # plain Python: torch is imported lazily
 from elastic_hydra.preflight.results import (
     MAX_REPORT,
     GpuThrottle,
+    LinkResult,
     NodeProblem,
     NodeReport,
     WorkerResult,
@@ -29,6 +31,7 @@ def node(
     cross: float | None = None,
     problems: tuple[NodeProblem, ...] = (),
     throttled: tuple[GpuThrottle, ...] = (),
+    links: dict[int, float] | None = None,
 ) -> NodeReport:
     nproc = len(gemm)
     workers = tuple(
@@ -40,6 +43,9 @@ def node(
             gemm_gflops=rate_,
             intra_busbw=intra if lr == 0 else None,
             cross_busbw=cross if lr == 0 else None,
+            links=tuple(LinkResult(peer=p, busbw=bw) for p, bw in (links or {}).items())
+            if lr == 0
+            else (),
         )
         for lr, rate_ in enumerate(gemm)
     )
@@ -53,7 +59,7 @@ def test_a_healthy_job_passes_with_one_line_and_its_figures() -> None:
     assert verdict.passed and verdict.bad_nodes == () and verdict.bad_hosts == ()
     assert verdict.gemm_median == 99.0 and verdict.allreduce_busbw == 11.2
     assert verdict.lines() == [
-        "preflight: allreduce across 4 nodes at 11.20 GB/s bus bandwidth",
+        "preflight: allreduce across 4 nodes at 11.2 GB/s bus bandwidth",
         "preflight: 4 node(s) passed: GEMM median 99.0 GFLOP/s",
     ]
     assert not any(f.fatal for f in verdict.findings)
@@ -111,9 +117,9 @@ def test_a_slow_allreduce_inside_one_node_names_that_node() -> None:
     verdict = rate(reports, RATING)
     assert verdict.bad_nodes == (3,)
     assert [f.line for f in verdict.findings if f.fatal] == [
-        "preflight: node 3 (host3) allreduce inside the node at 0.90 GB/s of 5.00 GB/s median"
+        "preflight: node 3 (host3) allreduce inside the node at 0.9 GB/s of 5 GB/s median"
     ]
-    assert "inside each node at 5.00 GB/s bus bandwidth (median)" in verdict.lines()[0]
+    assert "inside each node at 5 GB/s bus bandwidth (median)" in verdict.lines()[0]
 
 
 def test_every_node_comes_to_the_same_verdict_and_it_survives_json() -> None:
@@ -121,6 +127,54 @@ def test_every_node_comes_to_the_same_verdict_and_it_survives_json() -> None:
     first, again = rate(reports, RATING), rate(list(reports), RATING)
     assert first == again
     assert PreflightVerdict.from_json(json.loads(json.dumps(first.to_json()))) == first
+
+
+# ------------------------------------------------------------------------------ links (full)
+def full(links: dict[tuple[int, int], float], nodes: int) -> list[NodeReport | str]:
+    return [
+        node(n, [10.0], links={b: bw for (a, b), bw in links.items() if a == n})
+        for n in range(nodes)
+    ]
+
+
+def test_a_slow_link_is_named_as_that_link_and_fails_neither_end() -> None:
+    links = {(0, 1): 11.2, (0, 2): 11.0, (0, 3): 11.4, (1, 2): 11.3, (1, 3): 10.9, (2, 3): 0.9}
+    verdict = rate(full(links, 4), RATING)
+    assert verdict.passed
+    (slow,) = [f for f in verdict.findings if f.peer is not None]
+    assert (
+        slow.line
+        == "preflight: link node 2 (host2) <-> node 3 (host3) at 0.9 GB/s of 11.1 GB/s median"
+    )
+    assert (slow.check, slow.node, slow.peer, slow.fatal) == (Check.LINK, 2, 3, False)
+    assert "preflight: 6 links between nodes at 11.1 GB/s (median)" in verdict.lines()
+
+
+def test_a_node_whose_every_link_is_slow_is_that_node() -> None:
+    links = {(0, 1): 10.0, (0, 2): 10.0, (0, 3): 1.0, (1, 2): 10.0, (1, 3): 1.0, (2, 3): 1.0}
+    verdict = rate(full(links, 4), RATING)
+    assert verdict.bad_nodes == (3,)
+    assert [f.line for f in verdict.findings if f.fatal] == [
+        "preflight: node 3 (host3) every link at under 80 % of the median link bandwidth"
+    ]
+
+
+def test_links_to_no_node_of_the_round_are_refused() -> None:
+    report = node(1, [10.0], links={1: 5.0})  # to itself
+    assert "naming a link to no node" in str(read_report(report.encode(), 1, nproc=1, nodes=3))
+    report = node(1, [10.0], links={3: 5.0})
+    assert "naming a link to no node" in str(read_report(report.encode(), 1, nproc=1, nodes=3))
+    report = node(1, [10.0], links={2: 5.0})
+    assert read_report(report.encode(), 1, nproc=1, nodes=3) == report
+
+
+def test_every_pair_of_nodes_is_measured_once_in_rounds_of_disjoint_pairs() -> None:
+    for nodes in range(2, 10):
+        rounds = pairings(nodes)
+        pairs = [p for r in rounds for p in r]
+        assert sorted(pairs) == [(a, b) for a in range(nodes) for b in range(a + 1, nodes)]
+        assert all(len({n for p in r for n in p}) == 2 * len(r) for r in rounds)
+        assert len(rounds) == nodes - 1 + nodes % 2
 
 
 # ------------------------------------------------------------------ reports from the store
