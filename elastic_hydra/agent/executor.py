@@ -142,6 +142,12 @@ class Executor(CollateralWait):
         except RendezvousError as exc:
             return self._stopped() or self._finish(Status.RENDEZVOUS_FAILED, str(exc))
         self.state.preflight = verdict
+        self.observer.emit(
+            events.Preflight(
+                **self._now(), passed=verdict.passed, nodes=verdict.nodes,
+                bad_nodes=verdict.bad_nodes, seconds=verdict.seconds, attempt=self.state.attempts,
+            )
+        )  # fmt: skip
         if (stopped := self._stopped()) is not None:
             return stopped
         if verdict.passed:

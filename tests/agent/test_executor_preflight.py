@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from elastic_hydra.agent.events import Preflight
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import NodeAssignment
@@ -74,6 +75,8 @@ def test_the_failed_node_leaves_with_exit_4_before_any_worker_starts() -> None:
     outcome = run(h, FakeBattery(verdict(2)))
     assert outcome.status is Status.PREFLIGHT_FAILED and outcome.exit_code == 4
     assert outcome.reason == "this node failed its preflight: node 2 (h2) rank 2 at 20 %"
+    (event,) = h.observer.of(Preflight)  # the timeline says when, and who failed
+    assert (event.passed, event.nodes, event.bad_nodes, event.attempt) == (False, 4, (2,), 0)
     assert h.factory.calls == [] and outcome.attempts == 0
 
 
