@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Sequence
 
-from elastic_hydra.agent import events, restart_policy
+from elastic_hydra.agent import events, preflight_rule, restart_policy
 from elastic_hydra.agent.collateral import CollateralWait
 from elastic_hydra.agent.loop_state import Ended, LoopState
 from elastic_hydra.agent.outcome import RunOutcome, Status, root_cause
@@ -150,24 +150,13 @@ class Executor(CollateralWait):
         )  # fmt: skip
         if (stopped := self._stopped()) is not None:
             return stopped
-        if verdict.passed:
-            return True
-        if node.group_rank in verdict.bad_nodes:
-            mine = [f.line for f in verdict.findings if f.fatal and f.node == node.group_rank]
-            reason = mine[0].removeprefix("preflight: ") if mine else "failed"
-            return self._finish(
-                Status.PREFLIGHT_FAILED, f"this node failed its preflight: {reason}"
-            )
-        remaining = node.group_world_size - len(verdict.bad_nodes)
-        failed = ", ".join(str(n) for n in verdict.bad_nodes)
-        if remaining >= self.plan.nnodes.min:
-            return False
-        return self._finish(
-            Status.PREFLIGHT_STOPPED,
-            f"node(s) {failed} failed their preflight; {remaining} node(s) remain, fewer than "
-            f"the nnodes minimum {self.plan.nnodes.min} (nnodes={self.plan.nnodes}). Replace "
-            "or leave out the node(s) named above, or lower MIN in nnodes",
+        rule = preflight_rule.decide(
+            verdict, node.group_rank, node.group_world_size, self.plan.nnodes
         )
+        if rule.next is not preflight_rule.Next.END:
+            return rule.next is preflight_rule.Next.START
+        assert rule.status is not None
+        return self._finish(rule.status, rule.reason)
 
     def _monitor(self, group: WorkerGroup, node: NodeAssignment) -> tuple[Ended, str]:
         while True:
