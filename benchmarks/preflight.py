@@ -1,6 +1,7 @@
 """Preflight: time from the first agent's start to the verdict, and what the check costs.
 
     python benchmarks/preflight.py [--nodes 2,4,8] [--runs 1] [--healthy-runs 20] [--out DIR]
+                                   [--min-ratio R] [--name preflight]
 
 For each node count, one job of that many agents on this host (c10d on 127.0.0.1, one worker
 each, a worker script that only prints) three ways:
@@ -16,13 +17,16 @@ Then --healthy-runs healthy `quick` jobs of 4 nodes: every node that a verdict n
 exclusion; reported their count. Each run's agents start one after the other, the first alone
 until its store listens (it hosts the c10d store). Runs as root (the cgroup).
 
-Writes preflight.md and preflight.json into --out (default: results/ next to this file).
+`--min-ratio` sets `preflight.min_ratio` (default: the quick preset's, 0.8); `--nodes ''` skips the
+table and runs only the healthy series. Writes NAME.md and NAME.json into --out (default: results/
+next to this file).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import statistics
@@ -72,7 +76,7 @@ def events(root: Path) -> list[dict[str, Any]]:
     return found
 
 
-def run_job(tmp: Path, nodes: int, mode: str) -> dict[str, Any]:
+def run_job(tmp: Path, nodes: int, mode: str, min_ratio: float | None = None) -> dict[str, Any]:
     """One job of `nodes` agents; mode off, quick or throttled."""
     job = tmp / uuid.uuid4().hex[:8]
     job.mkdir()
@@ -84,6 +88,8 @@ def run_job(tmp: Path, nodes: int, mode: str) -> dict[str, Any]:
               f"nnodes={nodes}", *FAST]  # fmt: skip
     if mode != "off":
         common.append("preflight=quick")
+        if min_ratio is not None:
+            common.append(f"preflight.min_ratio={min_ratio}")
     group = CPU_CGROUPS / f"elastic-hydra-bench-{job.name}"
     procs: list[subprocess.Popen[bytes]] = []
     outputs = [job / f"agent{i}.out" for i in range(nodes)]
@@ -148,28 +154,37 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--healthy-runs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--min-ratio", type=float, default=None)
+    parser.add_argument("--name", default="preflight")
     args = parser.parse_args()
     rows, healthy = [], []
     with tempfile.TemporaryDirectory(prefix="eh-preflight-bench-") as tmp:
-        for nodes in [int(n) for n in args.nodes.split(",")]:
+        for nodes in [int(n) for n in args.nodes.split(",") if n]:
             for mode in ("off", "quick", "throttled"):
-                runs = [run_job(Path(tmp), nodes, mode) for _ in range(args.runs)]
+                runs = [run_job(Path(tmp), nodes, mode, args.min_ratio) for _ in range(args.runs)]
                 rows.append(runs)
                 print(json.dumps(runs[-1]), flush=True)
         for _ in range(args.healthy_runs):
-            healthy.append(run_job(Path(tmp), 4, "quick"))
+            healthy.append(run_job(Path(tmp), 4, "quick", args.min_ratio))
             print(json.dumps(healthy[-1]), flush=True)
-    table = report(rows, healthy)
+    table = report(rows, healthy, args.min_ratio)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "preflight.md").write_text(table)
-    (args.out / "preflight.json").write_text(
-        json.dumps({"jobs": rows, "healthy": healthy}, indent=1)
-    )
+    (args.out / f"{args.name}.md").write_text(table)
+    data = {"min_ratio": args.min_ratio, "jobs": rows, "healthy": healthy}
+    (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1))
     print(table)
     return 0
 
 
-def report(rows: list[list[dict[str, Any]]], healthy: list[dict[str, Any]]) -> str:
+def report(
+    rows: list[list[dict[str, Any]]], healthy: list[dict[str, Any]], min_ratio: float | None
+) -> str:
+    ratio = "0.8 (the quick preset's)" if min_ratio is None else str(min_ratio)
+    head = [
+        f"preflight.min_ratio: {ratio}; load average at the end: {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} CPUs",
+        "",
+    ]
     lines = [
         "| nodes | preflight | to the verdict (s) | battery (s) | to the workers (s) | "
         "named | exit codes |",
@@ -192,6 +207,8 @@ def report(rows: list[list[dict[str, Any]]], healthy: list[dict[str, Any]]) -> s
             f" | {fmt(median([r['battery_s'] for r in runs]))} | {fmt(workers)}{cost} | {named} |"
             f" {', '.join(str(r['codes']) for r in runs)} |"
         )
+    if not rows:
+        lines = []
     if healthy:
         false = sum(len(r["bad_nodes"]) for r in healthy)
         runs_with = sum(1 for r in healthy if r["bad_nodes"])
@@ -201,7 +218,7 @@ def report(rows: list[list[dict[str, Any]]], healthy: list[dict[str, Any]]) -> s
             f"named in {runs_with} run(s); verdict median "
             f"{fmt(median([r['verdict_s'] for r in healthy]))} s."
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*head, *lines]) + "\n"
 
 
 if __name__ == "__main__":
