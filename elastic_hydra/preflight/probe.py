@@ -44,7 +44,9 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         result["error"] = f"probe failed: {type(exc).__name__}: {exc}"[:300]
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(result))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # run dirs are private
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(result))
     tmp.rename(out)
     return 0
 

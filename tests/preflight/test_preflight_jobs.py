@@ -48,6 +48,8 @@ def test_a_healthy_four_node_job_passes_preflight_then_trains(tmp_path: Path) ->
         found = agent.summary()["preflight"]
         assert (found["mode"], found["nodes"], found["bad_nodes"]) == ("quick", 4, [])
         assert found["gemm_median"] > 0 and found["allreduce_busbw"] > 0
+        (measured,) = agent.root.glob("**/preflight_*/0/measured.json")  # the probe's result
+        assert measured.stat().st_mode & 0o777 == 0o600
     (summary,) = j.agents[0].root.glob("**/summary.json")
     report = subprocess.run(
         [*ELASTIC_HYDRA, "report", str(summary.parent)],
