@@ -41,9 +41,9 @@ FOLDERS: dict[str, set[str]] = {
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun")
 PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
-             "health")
+             "health")  # fmt: skip
 PURE_MORE = ("hangs.verdict", "rendezvous.sealed_records",
-             "preflight.verdict", "preflight.results")
+             "preflight.verdict", "preflight.results")  # fmt: skip
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
 # Third-party imports, by the folder or module that may make them.
@@ -52,10 +52,9 @@ MAY_IMPORT = {
     "omegaconf": {"config"},
     # report's three renderers (failure report, plan, history) and the pool's live view.
     "rich": {"report.render", "report.history", "report.plan_view", "sweeps.view"},
-    "torch": {"rendezvous",
-              # The probe runs in the preflight's worker processes (python -m), never in an
-              # agent: no module imports it (test_the_preflight_probe_is_run_not_imported).
-              "preflight.probe"},
+    # The preflight probe runs in the preflight's worker processes (python -m), never in an
+    # agent: no module imports it (test_the_preflight_probe_is_run_not_imported).
+    "torch": {"rendezvous", "preflight.probe"},
 }
 
 
