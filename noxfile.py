@@ -110,3 +110,12 @@ def bench_pool(session: nox.Session) -> None:
     (`nox -s bench_pool`; not part of the default run)."""
     session.install(".", "psutil", "hydra-joblib-launcher==1.2.0")
     session.run("python", "benchmarks/sweep_pool.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench_preflight(session: nox.Session) -> None:
+    """Preflight's time to the verdict for 2, 4 and 8 agents, healthy and with a throttled node,
+    beside the same job without it, and false exclusions over healthy runs (`nox -s
+    bench_preflight`; root, for the cgroup; not part of the default run)."""
+    session.install(".", TORCH)
+    session.run("python", "benchmarks/preflight.py", *session.posargs)

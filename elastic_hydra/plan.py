@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_hydra.gpus import WorkerDevices
+from elastic_hydra.health import PreflightMode
 
 
 # --------------------------------------------------------------------------------------- entrypoint
@@ -173,6 +174,21 @@ class QuarantineSpec:
     cooldown: float  # seconds an entry this job adds keeps its host or GPU out
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreflightSpec:
+    """The preflight battery between a round and the workers (`preflight=off|quick|full`)."""
+
+    mode: PreflightMode = PreflightMode.OFF
+    min_ratio: float = 0.8  # of the job's median (GEMM rate, bus bandwidth) below which it fails
+    gemm_size: int = 512  # n of the n x n matrix multiply
+    gemm_seconds: float = 0.5  # how long each worker multiplies (several CPU quota periods)
+    allreduce_bytes: int = 4 << 20
+    allreduce_reps: int = 5
+    timeout: float = 60.0  # the whole battery on a node, the exchange of results included
+    paths: tuple[str, ...] = ()  # besides the run dir: free space and a write probe
+    min_free_bytes: int = 1 << 30
+
+
 # --------------------------------------------------------------------------------------------- plan
 TORCHRUN_RUN_ID = "none"  # torchrun's --rdzv-id default: the run id of a job that names none
 
@@ -259,6 +275,7 @@ class LaunchPlan:
     quarantine: QuarantineSpec | None = None  # None: no ledger (quarantine.ledger=null)
     collective_timeout: float | None = None  # timeouts.collective; None: torch's default
     warm: WarmSpec = WarmSpec()  # () for cmd= and bootstrap=false: they start cold
+    preflight: PreflightSpec = PreflightSpec()
 
     @property
     def argv(self) -> tuple[str, ...]:

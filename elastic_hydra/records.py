@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.jsonrecord import JsonRecord
 from elastic_hydra.plan import HangAction
 from elastic_hydra.tracebacks import Stack
@@ -367,6 +368,8 @@ class RunStatus(enum.StrEnum):
     STOPPED = "stopped"  # the agent received a signal
     RENDEZVOUS_FAILED = "rendezvous_failed"
     QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it did not join
+    PREFLIGHT_FAILED = "preflight_failed"  # this node failed its preflight (exit 4)
+    PREFLIGHT_STOPPED = "preflight_stopped"  # others failed theirs, too few remain (exit 5)
     CONFIG_ERROR = "config_error"  # bad input found only at the launch (e.g. torch missing)
     ERROR = "error"  # a bug in the launcher (EXIT_BUG)
 
@@ -396,6 +399,7 @@ class RunSummary(JsonRecord):
     hang: HangRecord | None = None  # the last hang found (hang.timeout)
     peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
     ledger: Ledger | None = None  # where this node's time went (the goodput ledger)
+    preflight: PreflightVerdict | None = None  # the last round's preflight verdict
 
     @property
     def earlier_failures(self) -> tuple[FailureRecord, ...]:

@@ -27,6 +27,7 @@ _STACKS, _PROGRESS = "stacks.txt", "progress"
 _POOL = "pool.json"
 _ROOM = ".room"  # .summary.json.room: the disk space kept for summary.json since the start
 _STATUS = "status.json"  # the agent's status record, replaced every few seconds (observe/)
+_PREFLIGHT, _PROBE_RESULT = "preflight_", "measured.json"  # preflight_<round>/<local rank>/
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,19 @@ class RunDir:
     def progress_file(self, attempt: int, local_rank: int) -> Path:
         """When the worker's main thread last moved (hang detection)."""
         return self.rank_dir(attempt, local_rank) / _PROGRESS
+
+    def preflight_dir(self, round: int, local_rank: int) -> Path:
+        """A preflight probe worker's files in a round: stdout.log, stderr.log, result.json."""
+        return self.root / f"{_PREFLIGHT}{round}" / str(local_rank)
+
+    def preflight_result(self, round: int, local_rank: int) -> Path:
+        return self.preflight_dir(round, local_rank) / _PROBE_RESULT
+
+    def preflight_stdout(self, round: int, local_rank: int) -> Path:
+        return self.preflight_dir(round, local_rank) / _STDOUT
+
+    def preflight_stderr(self, round: int, local_rank: int) -> Path:
+        return self.preflight_dir(round, local_rank) / _STDERR
 
     def nodes(self) -> list[RunDir]:
         """The run dirs of a multi-node job's nodes inside this one (each node writes in a

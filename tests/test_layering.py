@@ -32,6 +32,7 @@ FOLDERS: dict[str, set[str]] = {
     "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
                "observe",
                "quarantine",  # the status publisher and metrics; the ledger's gate
+               "preflight",  # the battery between a round and the workers
                "warm"},
     "agent": set(),
     "workers": {"agent"},
@@ -42,12 +43,13 @@ FOLDERS: dict[str, set[str]] = {
     "observe": {"agent", "hangs"},  # the events it folds; the /proc reader of the hang watch
     "quarantine": set(),  # the ledger and the gate: launch wires it, cli edits it
     "warm": {"workers", "agent"},  # the spawner seam of supervise; the worker environment
+    "preflight": {"agent"},
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun")
 PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
-             "durations")  # fmt: skip
+             "durations", "health")  # fmt: skip
 PURE_MORE = (
     "hangs.verdict",
     "rendezvous.sealed_records",
@@ -55,6 +57,8 @@ PURE_MORE = (
     "report.timeline",
     "report.gantt",
     "observe.status",
+    "preflight.verdict",
+    "preflight.results",
 )
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}
 HEAVY = ("hydra", "omegaconf", "rich")
@@ -65,7 +69,9 @@ MAY_IMPORT = {
     # report's three renderers (failure report, plan, history), the pool's live view, top's.
     "rich": {"report.render", "report.history", "report.plan_view", "sweeps.view",
              "observe.view"},  # `top`'s table
-    "torch": {"rendezvous"},
+    # The preflight probe runs in the preflight's worker processes (python -m), never in an
+    # agent: no module imports it (test_the_preflight_probe_is_run_not_imported).
+    "torch": {"rendezvous", "preflight.probe"},
 }  # fmt: skip
 
 
@@ -304,6 +310,14 @@ def test_the_checker_sees_imports() -> None:
     assert "rich" in imported_roots(found["report.render"])
     assert "torch" in imported_roots(found["rendezvous.torch_backend"])
     assert not may_import("agent.executor", "torch") and not may_import("cli.run", "rich")
+
+
+def test_the_preflight_probe_is_run_not_imported() -> None:
+    # The probe imports torch (~2 s a process): it runs in the preflight's worker processes as
+    # `python -m elastic_hydra.preflight.probe`; an agent that imported it would pay for torch.
+    importers = [m for m, path in modules().items() if "preflight.probe" in internal_imports(path)]
+    assert importers == []
+    assert "torch" in imported_roots(modules()["preflight.probe"])
 
 
 # The pool plugin is a front end of its own: Hydra calls it, it drives a sweep.

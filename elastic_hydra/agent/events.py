@@ -43,6 +43,7 @@ class EventKind(enum.Enum):
     STOP = "stop"  # workers were stopped: why, and pids that would not die
     HANG_WATCH = "hang_watch"  # the hang watch started: when its first verdict can come
     HANG = "hang"  # no rank made progress for hang.timeout: the verdict, then the action
+    PREFLIGHT = "preflight"  # the round's preflight verdict: passed, or the nodes that failed
     FINISH = "finish"  # the run ended: status and exit code
     QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it does not join
     WARM_FALLBACK = "warm_fallback"  # warm starts are off for the rest of the launch: why
@@ -224,6 +225,16 @@ class Hang(_Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Preflight(_Event):
+    kind: ClassVar[EventKind] = EventKind.PREFLIGHT
+    passed: bool
+    nodes: int  # in the round
+    bad_nodes: tuple[int, ...]  # node ranks that leave the job
+    seconds: float  # this node's time in the battery
+    attempt: int  # the start of the worker group it came before
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Finish(_Event):
     kind: ClassVar[EventKind] = EventKind.FINISH
     status: Status
@@ -263,6 +274,7 @@ Event: TypeAlias = (
     | Stop
     | HangWatchStarted
     | Hang
+    | Preflight
     | Finish
     | Quarantined
     | WarmFallback

@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Sequence
 
-from elastic_hydra.agent import events, restart_policy
+from elastic_hydra.agent import events, preflight_rule, restart_policy
 from elastic_hydra.agent.collateral import CollateralWait
 from elastic_hydra.agent.loop_state import Ended, LoopState
 from elastic_hydra.agent.outcome import RunOutcome, Status, root_cause
@@ -21,6 +21,7 @@ from elastic_hydra.agent.seams import (
     HangWatch,
     NodeAssignment,
     Observer,
+    Preflight,
     Rendezvous,
     StopRequest,
     WorkerGroup,
@@ -54,6 +55,7 @@ class Executor(CollateralWait):
         read_failure: Callable[[WorkerExit], FailureRecord],
         hang: HangWatch | None = None,
         admission: Admission | None = None,
+        preflight: Preflight | None = None,
     ) -> None:
         self.plan = plan
         self.rdzv = rendezvous
@@ -64,6 +66,7 @@ class Executor(CollateralWait):
         self.state = LoopState()
         self.read_failure = read_failure  # a failed worker's record, from its files
         self.admission = admission  # asked before every round (the quarantine ledger)
+        self.preflight = preflight
         # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
@@ -85,6 +88,12 @@ class Executor(CollateralWait):
             if (stopped := self._stopped()) is not None:  # a signal during the rendezvous
                 return stopped
             self.state.node = node
+            if self.preflight is not None:
+                judged = self._preflight(node)
+                if judged is False:
+                    continue  # a new round without the nodes that failed: no restart spent
+                if judged is not True:
+                    return judged
             try:
                 group = self.start_workers(node, self.state.attempts, self.state.restarts)
             except WorkerStartError as exc:  # retrying would fail the same way
@@ -146,6 +155,31 @@ class Executor(CollateralWait):
             )
         )
         return node
+
+    def _preflight(self, node: NodeAssignment) -> RunOutcome | bool:
+        """The round's preflight verdict acted on: True to start the workers, False to join a
+        new round without the nodes that failed (enough remain), else how the run ended here."""
+        assert self.preflight is not None
+        try:
+            verdict = self.preflight.check(node, self.state.attempts, self.state.restarts)
+        except RendezvousError as exc:
+            return self._stopped() or self._finish(Status.RENDEZVOUS_FAILED, str(exc))
+        self.state.preflight = verdict
+        self.observer.emit(
+            events.Preflight(
+                **self._now(), passed=verdict.passed, nodes=verdict.nodes,
+                bad_nodes=verdict.bad_nodes, seconds=verdict.seconds, attempt=self.state.attempts,
+            )
+        )  # fmt: skip
+        if (stopped := self._stopped()) is not None:
+            return stopped
+        rule = preflight_rule.decide(
+            verdict, node.group_rank, node.group_world_size, self.plan.nnodes
+        )
+        if rule.next is not preflight_rule.Next.END:
+            return rule.next is preflight_rule.Next.START
+        assert rule.status is not None
+        return self._finish(rule.status, rule.reason)
 
     def _monitor(self, group: WorkerGroup, node: NodeAssignment) -> tuple[Ended, str]:
         while True:
@@ -375,6 +409,7 @@ class Executor(CollateralWait):
             stuck_pids=tuple(self.state.stuck),
             hang=self.state.hang,
             peer_failures=tuple(self.state.peers),
+            preflight=self.state.preflight,
         )
         self.observer.emit(
             events.Finish(

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure, WorkerExit
 
 
@@ -38,3 +39,4 @@ class LoopState:
     reason: str = ""
     hang: HangRecord | None = None
     peers: list[PeerFailure] = field(default_factory=list)
+    preflight: PreflightVerdict | None = None

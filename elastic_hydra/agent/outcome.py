@@ -10,7 +10,15 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elastic_hydra.errors import EXIT_OK, EXIT_QUARANTINED, EXIT_RENDEZVOUS, EXIT_WORKERS_FAILED
+from elastic_hydra.errors import (
+    EXIT_OK,
+    EXIT_PREFLIGHT_JOB,
+    EXIT_PREFLIGHT_NODE,
+    EXIT_QUARANTINED,
+    EXIT_RENDEZVOUS,
+    EXIT_WORKERS_FAILED,
+)
+from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure, WorkerExit, root_cause_of
 
 
@@ -33,6 +41,8 @@ class Status(enum.StrEnum):
     STOPPED = "stopped"  # the agent received a signal
     RENDEZVOUS_FAILED = "rendezvous_failed"
     QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it did not join
+    PREFLIGHT_FAILED = "preflight_failed"  # this node failed its preflight: it leaves the job
+    PREFLIGHT_STOPPED = "preflight_stopped"  # others failed theirs; too few nodes remain
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +59,7 @@ class RunOutcome:
     stuck_pids: tuple[int, ...] = ()
     hang: HangRecord | None = None  # the last hang found
     peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
+    preflight: PreflightVerdict | None = None  # the last round's preflight verdict
 
     @property
     def root_cause(self) -> WorkerExit | None:
@@ -65,4 +76,8 @@ class RunOutcome:
                 return EXIT_RENDEZVOUS
             case Status.QUARANTINED:
                 return EXIT_QUARANTINED
+            case Status.PREFLIGHT_FAILED:
+                return EXIT_PREFLIGHT_NODE
+            case Status.PREFLIGHT_STOPPED:
+                return EXIT_PREFLIGHT_JOB
         return EXIT_WORKERS_FAILED

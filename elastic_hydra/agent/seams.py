@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from elastic_hydra.agent.outcome import Status
+from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.plan import Endpoint
 from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure
 
@@ -142,6 +143,27 @@ class Admission(Protocol):
 
     def refusal(self) -> Refusal | None:
         """Why this node may not join the next round, or None to join."""
+
+
+class NodeExchange(Protocol):
+    """The round's nodes swap one value each (the preflight's results) through the round's store."""
+
+    @property
+    def round(self) -> int:
+        """The round's number, the same on every node of it."""
+
+    def gather(self, topic: str, value: bytes, *, limit: int, timeout: float) -> list[bytes | None]:
+        """Publish this node's `value` under `topic`; every node's by node rank, each cut at
+        `limit` bytes, None for a node that published nothing within `timeout` seconds.
+        Raises RendezvousError when the store is gone."""
+
+
+class Preflight(Protocol):
+    """The battery between a completed round and the workers (`preflight.*`)."""
+
+    def check(self, node: NodeAssignment, attempt: int, restart_count: int) -> PreflightVerdict:
+        """Run this node's share of the round's battery; the round's verdict, the same on every
+        node (the lines are on the console already)."""
 
 
 class WorkerGroup(Protocol):

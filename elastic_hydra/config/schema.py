@@ -171,6 +171,24 @@ class WarmConf:
 
 
 @dataclass
+class PreflightConf:
+    mode: str = key(
+        "off", "off, quick or full (see docs/preflight.md); pick a preset: preflight=quick"
+    )
+    min_ratio: float = key(
+        0.8,
+        "a worker's GEMM rate (or a node's bus bandwidth) under this share of the median fails",
+    )
+    gemm_size: int = key(512, "n of the n x n float32 matrix multiply each worker times")
+    gemm_seconds: float = key(0.5, "seconds each worker multiplies (longer: steadier rates)")
+    allreduce_mb: float = key(4.0, "MiB each allreduce sums (inside each node and across nodes)")
+    allreduce_reps: int = key(5, "timed allreduces of each kind")
+    timeout: float = key(60.0, "seconds the battery may take on a node, the exchange included")
+    paths: list[str] = key([], "directories to check (free space, a write probe) besides logs.root")
+    min_free_gb: float = key(1.0, "GiB a checked directory must have free")
+
+
+@dataclass
 class ElasticHydraConf:
     script: str | None = key(None, "the entrypoint: a Python script (exactly one of three)")
     module: str | None = key(None, "... or a module, run as python -m")
@@ -204,6 +222,7 @@ class ElasticHydraConf:
     metrics: MetricsConf = group(MetricsConf, "Prometheus metrics of each agent")
     quarantine: QuarantineConf = group(QuarantineConf, "bad hosts and GPUs kept out of later jobs")
     timeouts: TimeoutsConf = group(TimeoutsConf, "the timeouts of the workers' own layers")
+    preflight: PreflightConf = group(PreflightConf, "checks of the nodes before the workers start")
     stop_grace: float = key(30.0, "seconds between SIGTERM and SIGKILL when workers are stopped")
     monitor_interval: float = key(0.1, "seconds between membership checks (multi-node)")
     env: dict[str, str] = key({}, "extra environment for the workers: env.NAME=value")

@@ -16,16 +16,17 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from elastic_hydra import stopsignals
 from elastic_hydra.agent.events import Event, WarmFallback
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
-from elastic_hydra.agent.seams import JobFailures, Rendezvous
+from elastic_hydra.agent.seams import JobFailures, NodeExchange, Rendezvous
 from elastic_hydra.errors import EXIT_BUG, ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.launch import observing
+from elastic_hydra.launch.preflight import make_battery
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
 from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan
@@ -106,7 +107,11 @@ class EventLog:
         self._close_file()
 
 
-def make_rendezvous(plan: LaunchPlan, flag: StopFlag) -> Rendezvous:
+class NodesRendezvous(Rendezvous, NodeExchange, Protocol):
+    """The rendezvous, and where the round's nodes swap the preflight's reports."""
+
+
+def make_rendezvous(plan: LaunchPlan, flag: StopFlag) -> NodesRendezvous:
     if not isinstance(plan.rdzv, Dynamic):
         return LocalRendezvous(plan)
     from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
@@ -238,7 +243,7 @@ def _execute(
     plan: LaunchPlan,
     *,
     run_dir: RunDir,
-    rdzv: Rendezvous,
+    rdzv: NodesRendezvous,
     factory: LocalWorkerFactory,
     flag: StopFlag,
     events: EventLog,
@@ -258,6 +263,7 @@ def _execute(
             hang=hang,
             read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
             admission=quarantine_gate(plan, os.environ),
+            preflight=make_battery(plan, run_dir, rdzv, factory, flag),
         ).run()
     except BaseException:
         observer.close()
@@ -309,7 +315,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     events = EventLog(
         run_dir.events, echo=not plan.logs.quiet, multi_node=isinstance(plan.rdzv, Dynamic)
     )
-    rdzv: Rendezvous | None = None
+    rdzv: NodesRendezvous | None = None
     outcome: RunOutcome | None = None
     job_failures: list[FailureRecord] = []
     become_subreaper()

@@ -4,6 +4,7 @@ CPUs) built from the plan and the rendezvous's assignment, then started by `work
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import socket
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
-from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.plan import LaunchPlan, PythonModule, PythonScript
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.stopsignals import StopFlag
@@ -31,6 +32,7 @@ STORE_FD_ENV = (
     "ELASTIC_HYDRA_STORE_FD"  # bootstrap.STORE_FD_ENV (the bootstrap is run, not imported)
 )
 WARM_READY_WAIT = 300.0  # seconds the first attempt waits for the template's imports
+PROBE_MODULE = "elastic_hydra.preflight.probe"  # run in the preflight's workers, never imported
 _COLOURS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 
 
@@ -93,6 +95,29 @@ class LocalWorkerFactory:
         """End the warm template, if any (every worker is stopped by then)."""
         if self.warm is not None:
             self.warm.close()
+
+    def probe_group(
+        self, node: NodeAssignment, *, round: int, attempt: int, restart_count: int, settings: str
+    ) -> LocalWorkers:
+        """The preflight's workers: the probe in each worker's place, with the environment the
+        attempt's workers will get; their files under the run dir's preflight_<round>/."""
+        entry = self.plan.entrypoint
+        python = entry.python if isinstance(entry, PythonScript | PythonModule) else sys.executable
+        specs = []
+        for lr in range(self.plan.nproc_per_node):
+            spec = self._spec(node, attempt, restart_count, lr)
+            result = str(self.run.preflight_result(round, lr))
+            specs.append(
+                dataclasses.replace(
+                    spec,
+                    argv=(python, "-u", "-m", PROBE_MODULE, settings, result),
+                    stdout=self.run.preflight_stdout(round, lr),
+                    stderr=self.run.preflight_stderr(round, lr),
+                    tee=False,
+                    notes=None,
+                )
+            )
+        return LocalWorkers(specs, None, self.flag.read_fd, self.guard, self.contain)
 
     def _spec(
         self, node: NodeAssignment, attempt: int, restart_count: int, local_rank: int

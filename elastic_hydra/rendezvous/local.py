@@ -98,6 +98,14 @@ class LocalRendezvous:
     def end(self, status: Status, observer: Observer) -> JobFailures:
         return JobFailures()  # nothing to wait for or close; no other node's records
 
+    @property
+    def round(self) -> int:
+        return 0  # seams.NodeExchange: one round
+
+    def gather(self, topic: str, value: bytes, *, limit: int, timeout: float) -> list[bytes | None]:
+        """seams.NodeExchange: this node alone (preflight refuses static nodes: no store)."""
+        return [value[: limit + 1]]
+
     def job_share(self) -> None:
         return None  # no store the nodes share: each node watches its own ranks
 

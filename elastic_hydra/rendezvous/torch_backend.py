@@ -46,6 +46,8 @@ from elastic_hydra.rendezvous.torch_handler import (
 
 # torchrun's keys (torch/distributed/elastic/agent/server/api.py, utils/store.py).
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
+GATHER = "elastic_hydra/gather/"  # under the round's prefix: {topic}/{node rank}
+GATHER_POLL = 0.05  # seconds between looks at the nodes' values
 
 
 class TorchRendezvous(Membership, JoinWait):
@@ -137,12 +139,39 @@ class TorchRendezvous(Membership, JoinWait):
                     completed=waited is not None,
                 )
             )
-        if status is not Status.STOPPED:  # a node stopped by a signal leaves the job running
+        # A node stopped by a signal, or one that failed its preflight, leaves the job running.
+        if status not in (Status.STOPPED, Status.PREFLIGHT_FAILED):
             self.shutdown()
         checked = self.job_failures()
         return JobFailures(
             records=tuple(checked.records), ignored=checked.ignored, last_round=self._round
         )
+
+    @property
+    def round(self) -> int:
+        """seams.NodeExchange: torch's round number (the same on every node of it)."""
+        return self._round
+
+    def gather(self, topic: str, value: bytes, *, limit: int, timeout: float) -> list[bytes | None]:
+        """seams.NodeExchange: every node's value under `topic` in this round's store. A value
+        longer than `limit` comes back cut at `limit + 1` bytes (its reader sees it was long)."""
+        if self.store is None or self.node is None:
+            return [value]
+        store, me = self.store, self.node
+        keys = [f"{GATHER}{topic}/{i}" for i in range(me.group_world_size)]
+        deadline = time.monotonic() + timeout
+        try:
+            store.set(keys[me.group_rank], value)
+            while True:
+                present = [bool(store.check([key])) for key in keys]
+                if all(present) or time.monotonic() >= deadline or self.interrupt.signum:
+                    break
+                time.sleep(GATHER_POLL)
+            found = [k for k, there in zip(keys, present, strict=True) if there]
+            values = dict(zip(found, store.multi_get(found), strict=True)) if found else {}
+        except store_keys.STORE_READ_ERRORS as exc:
+            raise RendezvousError(self._lost(exc)) from None
+        return [bytes(values[k])[: limit + 1] if k in values else None for k in keys]
 
     def job_share(self) -> JobShare:
         return self  # the hangs ride on the job's store

@@ -33,6 +33,7 @@ from elastic_hydra.report.render import (
     hang_section,
     outcome_report,
     peer_section,
+    preflight_section,
     show,
 )
 
@@ -58,7 +59,12 @@ def run_report(
         if summary.hang is not None:
             on_the_way.append(Text(f"reported on the way: {summary.hang.verdict}", style="yellow"))
             on_the_way += hang_section(summary.hang, plain=plain)
-        ending = Group(*on_the_way, *peer_section(summary.peer_failures), ending)
+        ending = Group(
+            *preflight_section(summary.preflight),
+            *on_the_way,
+            *peer_section(summary.peer_failures),
+            ending,
+        )
     shown: list[RenderableType] = [timeline(events, plain=plain)]
     shown.append(attempts_table(events, plain=plain))
     if summary.ledger is not None:

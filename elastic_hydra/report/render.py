@@ -23,6 +23,7 @@ from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
 from elastic_hydra.hangs import verdict
+from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.records import (
     FailureRecord,
     FailureSource,
@@ -104,6 +105,13 @@ def _print(out: Console, *renderables: RenderableType) -> None:
     out.file.flush()
 
 
+def preflight_section(found: PreflightVerdict | None) -> list[RenderableType]:
+    """The preflight verdict's lines: a failed check in red, the round's figures plain."""
+    if found is None:
+        return []
+    return [Text(f.line, style="red" if f.fatal else "") for f in found.findings]
+
+
 def outcome_report(
     summary: RunSummary, *, plain: bool, width: int = 100, earlier_in_full: bool = False
 ) -> RenderableType:
@@ -119,6 +127,7 @@ def outcome_report(
     elif summary.hang is not None:
         parts += hang_section(summary.hang, plain=plain)
     parts += peer_section(summary.peer_failures)
+    parts += preflight_section(summary.preflight)
     others = _other_ranks(summary, cause, plain=plain)
     if others is not None:
         parts.append(others)

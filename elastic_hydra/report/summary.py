@@ -60,6 +60,7 @@ def summarize(
         hang=outcome.hang,
         peer_failures=outcome.peer_failures,
         ledger=ledger,
+        preflight=outcome.preflight,
     )
 
 

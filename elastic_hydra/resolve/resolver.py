@@ -32,6 +32,7 @@ from elastic_hydra.plan import LaunchPlan, Standalone
 from elastic_hydra.resolve import machine as probe
 from elastic_hydra.resolve.entry import HostFacts, resolve_entrypoint, resolve_warm
 from elastic_hydra.resolve.gpus import Machine, resolve_devices, resolve_nproc
+from elastic_hydra.resolve.preflight import resolve_preflight
 from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.runtime import (
     resolve_env,
@@ -131,6 +132,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         quarantine=resolve_quarantine(conf.quarantine, host.cwd),
         collective_timeout=_collective_timeout(conf.timeouts.collective),
         warm=resolve_warm(conf.warm.imports, entrypoint),
+        preflight=resolve_preflight(conf.preflight, nnodes=topology.nnodes, rdzv=topology.rdzv),
     )
     check_timeouts(plan)  # a layer that breaks the job is refused; warnings: `timeouts.derive`
     return plan

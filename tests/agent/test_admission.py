@@ -65,7 +65,7 @@ def test_a_quarantined_node_leaves_before_the_first_round_with_exit_code_5() -> 
     admission = ScriptedAdmission(joins=0)
     outcome = run(h, admission)
 
-    assert outcome.status is Status.QUARANTINED and outcome.exit_code == 5
+    assert outcome.status is Status.QUARANTINED and outcome.exit_code == 6
     assert outcome.reason == Refused().line
     assert h.rdzv.calls == [] and h.factory.calls == []  # no round joined, nothing started
     assert h.observer.kinds == [EventKind.QUARANTINED, EventKind.FINISH]
@@ -73,7 +73,7 @@ def test_a_quarantined_node_leaves_before_the_first_round_with_exit_code_5() -> 
     assert (event.host, event.gpus, event.until, event.attempt) == ("node-3", (), 2e9, 0)
     assert event.wall_time == WALL_OFFSET + T0
     assert event_from_json(event.to_json()) == event  # the timeline reads it back
-    assert h.observer.of(Finish)[0].exit_code == 5
+    assert h.observer.of(Finish)[0].exit_code == 6
 
 
 def test_the_ledger_is_asked_again_before_the_round_of_each_restart() -> None:
@@ -83,7 +83,7 @@ def test_the_ledger_is_asked_again_before_the_round_of_each_restart() -> None:
     admission = ScriptedAdmission(joins=2)  # quarantined while its second attempt ran
     outcome = run(h, admission)
 
-    assert outcome.status is Status.QUARANTINED and outcome.exit_code == 5
+    assert outcome.status is Status.QUARANTINED and outcome.exit_code == 6
     assert admission.asked == 3
     assert len(h.factory.calls) == 2  # two attempts ran, the third never joined
     assert outcome.attempts == 2 and outcome.restarts == 2

@@ -20,6 +20,7 @@ from elastic_hydra.agent.events import (
     Joining,
     MembershipChange,
     NewerFormatError,
+    Preflight,
     Quarantined,
     RendezvousRound,
     Restart,
@@ -125,6 +126,11 @@ SAMPLES: list[tuple[Event, str]] = [
         '{"event": "warm_fallback", %s, "reason": "cannot import torch: ModuleNotFoundError"}',
     ),
     (
+        Preflight(**AT, passed=False, nodes=4, bad_nodes=(2,), seconds=3.25, attempt=0),
+        '{"event": "preflight", %s, "passed": false, "nodes": 4, "bad_nodes": [2], '
+        '"seconds": 3.25, "attempt": 0}',
+    ),
+    (
         Finish(**AT, status=Status.RENDEZVOUS_FAILED, exit_code=3, reason="no quorum",
                attempts=0),
         '{"event": "finish", %s, "status": "rendezvous_failed", "exit_code": 3, '
@@ -203,8 +209,8 @@ def test_a_field_of_the_wrong_type_is_named(obj: object, message: str) -> None:
 
 
 def test_an_unknown_kind_is_its_own_error_and_unknown_keys_are_ignored() -> None:
-    with pytest.raises(UnknownEventKindError, match="unknown kind 'preflight'"):
-        event_from_json({"event": "preflight", "time": 1.0, "monotonic": 1.0, "format": 1})
+    with pytest.raises(UnknownEventKindError, match="unknown kind 'from_the_future'"):
+        event_from_json({"event": "from_the_future", "time": 1.0, "monotonic": 1.0, "format": 1})
     newer = {**EVENTS[0].to_json(), "host": "n1"}  # a key added later: no new format
     assert event_from_json(newer) == EVENTS[0]
 
@@ -242,7 +248,7 @@ def test_a_torn_last_line_and_garbled_ones_are_skipped_and_counted(tmp_path: Pat
         b"\n",  # a blank line is no event and no loss
         b'{"event": "joining", "time": "\xff\xfe"}\n',  # not UTF-8
         json.dumps({**EVENTS[0].to_json(), "attempt": None}).encode() + b"\n",
-        json.dumps({"event": "preflight", "time": 1.0, "monotonic": 1.0}).encode() + b"\n",
+        json.dumps({"event": "from_the_future", "time": 1.0, "monotonic": 1.0}).encode() + b"\n",
         line(EVENTS[1]),
         whole[: len(whole) // 2],  # the agent was killed mid-write
     )

@@ -35,7 +35,7 @@ def test_a_quarantined_host_does_not_join_and_clear_lets_it_back(tmp_path: Path)
     job = ("script=train.py", f"quarantine.ledger={ledger}")
 
     refused = run(*job, cwd=cwd)
-    assert refused.returncode == 5, refused.stderr
+    assert refused.returncode == 6, refused.stderr
     assert "trained" not in refused.stdout
     (line,) = [x for x in refused.stderr.splitlines() if "quarantine ledger until" in x]
     assert f"this node ({host}) is in the quarantine ledger until " in line
@@ -50,7 +50,7 @@ def test_a_quarantined_host_does_not_join_and_clear_lets_it_back(tmp_path: Path)
     assert events[0]["host"] == host
 
     under_slurm = run(*job, "logs.quiet=true", cwd=cwd, env={"SLURM_JOB_ID": "42"})
-    assert under_slurm.returncode == 5
+    assert under_slurm.returncode == 6
     assert f"Under Slurm, resubmit with --exclude={host}" in under_slurm.stderr
 
     cleared = run("quarantine", "clear", host, "--ledger", str(ledger), cwd=cwd)
@@ -70,7 +70,7 @@ def test_other_hosts_and_unused_gpus_do_not_keep_this_one_out(tmp_path: Path) ->
     assert ran.returncode == 0, ran.stderr
     quarantine(ledger, socket.gethostname(), gpu=1)
     refused = run(*job, cwd=cwd)
-    assert refused.returncode == 5, refused.stderr
+    assert refused.returncode == 6, refused.stderr
     assert f"GPU 1 of this node ({socket.gethostname()}) is in the quarantine ledger" in (
         refused.stderr
     )

@@ -52,7 +52,7 @@ def test_a_quarantined_node_leaves_the_step_and_clear_lets_it_back(
     first = tmp_path / "first"
     first.mkdir()
     proc = step(slurm, first, ledger)
-    assert proc.returncode == 5, proc.stdout + proc.stderr  # srun: the highest task's code
+    assert proc.returncode == 6, proc.stdout + proc.stderr  # srun: the highest task's code
     (line,) = [x for x in proc.stderr.splitlines() if "quarantine ledger until" in x]
     assert "this node (n2) is in the quarantine ledger until" in line
     assert "preflight: n2 at 41 % of the median GEMM rate (added by run-7)" in line

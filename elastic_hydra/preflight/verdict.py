@@ -1,0 +1,173 @@
+"""The verdict: every node's report rated against the round's medians. Pure.
+
+Each node rates the same reports the same way, so every node of a round comes to the same
+verdict without a coordinator: a node fails when a node check failed, when its probe measured
+nothing, when one of its workers multiplies below `min_ratio` of the job's median GEMM rate, or
+when its allreduce inside the node runs below `min_ratio` of the nodes' median bus bandwidth.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from elastic_hydra.health import BadGpu, Check, Finding, PreflightMode, PreflightVerdict
+from elastic_hydra.preflight.results import NodeReport, WorkerResult, clip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rating:
+    """What the verdict needs of the plan."""
+
+    mode: PreflightMode
+    min_ratio: float
+    round: int
+
+
+def rate(reports: Sequence[NodeReport | str], rating: Rating) -> PreflightVerdict:
+    """The round's verdict. `reports[i]` is node i's report, or why it has none."""
+    found: list[Finding] = []
+    good = [r for r in reports if isinstance(r, NodeReport)]
+    for node, report in enumerate(reports):
+        if isinstance(report, str):
+            found.append(_finding(Check.PROBE, node, "", clip(report), fatal=True))
+            continue
+        found += [
+            _finding(p.check, node, report.host, clip(p.what), fatal=True, gpu=p.gpu)
+            for p in report.problems
+        ]
+        found += [
+            _finding(Check.PROBE, node, report.host, f"{_where(w)} {clip(w.error)}", fatal=True)
+            for w in report.workers
+            if w.error
+        ]
+    gemm_median = _gemm(good, rating.min_ratio, found)
+    _intra(good, rating.min_ratio, found)
+    _links(good, rating.min_ratio, found, len(reports))
+    cross = [w.cross_busbw for r in good for w in r.workers if w.cross_busbw is not None]
+    busbw = statistics.median(cross) if cross else None
+    if busbw is not None:
+        line = f"preflight: allreduce across {len(reports)} nodes at {busbw:.3g} GB/s bus bandwidth"
+        found.append(Finding(check=Check.ALLREDUCE, line=line, fatal=False))
+    return _verdict(reports, rating, found, gemm_median, busbw)
+
+
+def _verdict(
+    reports: Sequence[NodeReport | str],
+    rating: Rating,
+    found: list[Finding],
+    gemm_median: float | None,
+    busbw: float | None,
+) -> PreflightVerdict:
+    bad = sorted({f.node for f in found if f.fatal and f.node is not None})
+    hosts = {r.node: clip(r.host) for r in reports if isinstance(r, NodeReport)}
+    gpus = {(f.host, f.gpu): f.line for f in found if f.fatal and f.gpu is not None and f.host}
+    if not bad:
+        figure = "" if gemm_median is None else f": GEMM median {gemm_median:.1f} GFLOP/s"
+        line = f"preflight: {len(reports)} node(s) passed{figure}"
+        found.append(Finding(check=Check.GEMM, line=line, fatal=False))
+    return PreflightVerdict(
+        mode=rating.mode,
+        round=rating.round,
+        nodes=len(reports),
+        findings=tuple(found),
+        bad_nodes=tuple(bad),
+        bad_hosts=tuple(hosts.get(n, "") for n in bad),
+        bad_gpus=tuple(BadGpu(host=h, gpu=g, line=line) for (h, g), line in gpus.items()),
+        gemm_median=gemm_median,
+        allreduce_busbw=busbw,
+    )
+
+
+def _gemm(reports: list[NodeReport], min_ratio: float, found: list[Finding]) -> float | None:
+    """Each worker's GEMM rate against the median of every worker of the job."""
+    rates = [w.gemm_gflops for r in reports for w in r.workers if w.gemm_gflops is not None]
+    if not rates:
+        return None
+    median = statistics.median(rates)
+    for report in reports:
+        throttled = {t.gpu: t.reasons for t in report.throttled}
+        for w in report.workers:
+            if w.gemm_gflops is None or median <= 0 or w.gemm_gflops >= min_ratio * median:
+                continue
+            why = throttled.get(w.gpu, ()) if w.gpu is not None else ()
+            note = f" (throttled: {clip(', '.join(why))})" if why else ""
+            what = (
+                f"{_where(w)} at {100 * w.gemm_gflops / median:.0f} % of the median GEMM rate "
+                f"({w.gemm_gflops:.1f} of {median:.1f} GFLOP/s){note}"
+            )
+            found.append(
+                _finding(Check.GEMM, report.node, report.host, what, fatal=True, gpu=w.gpu)
+            )
+    return median
+
+
+def _intra(reports: list[NodeReport], min_ratio: float, found: list[Finding]) -> None:
+    """Each node's allreduce inside the node against the nodes' median."""
+    figures = {
+        r.node: w.intra_busbw for r in reports for w in r.workers if w.intra_busbw is not None
+    }
+    if not figures:
+        return
+    median = statistics.median(figures.values())
+    line = f"preflight: allreduce inside each node at {median:.3g} GB/s bus bandwidth (median)"
+    found.append(Finding(check=Check.ALLREDUCE, line=line, fatal=False))
+    for report in reports:
+        value = figures.get(report.node)
+        if value is None or median <= 0 or value >= min_ratio * median:
+            continue
+        what = f"allreduce inside the node at {value:.3g} GB/s of {median:.3g} GB/s median"
+        found.append(_finding(Check.ALLREDUCE, report.node, report.host, what, fatal=True))
+
+
+def _links(reports: list[NodeReport], min_ratio: float, found: list[Finding], nodes: int) -> None:
+    """Every link's bus bandwidth against the median link (full). A slow link is named, not
+    blamed on either end; a node whose every link is slow (of three nodes or more) is the node."""
+    figures = {
+        (r.node, link.peer): link.busbw for r in reports for w in r.workers for link in w.links
+    }
+    if not figures:
+        return
+    hosts = {r.node: clip(r.host) for r in reports}
+    median = statistics.median(figures.values())
+    slow = {pair for pair, value in figures.items() if value < min_ratio * median}
+    line = f"preflight: {len(figures)} links between nodes at {median:.3g} GB/s (median)"
+    found.append(Finding(check=Check.LINK, line=line, fatal=False))
+    for a, b in sorted(slow):
+        what = (
+            f"preflight: link {_name(a, hosts)} <-> {_name(b, hosts)} at "
+            f"{figures[(a, b)]:.3g} GB/s of {median:.3g} GB/s median"
+        )
+        found.append(
+            Finding(check=Check.LINK, line=what, fatal=False, node=a, host=hosts[a], peer=b)
+        )
+    for n in range(nodes) if nodes >= 3 else ():
+        mine = [pair for pair in figures if n in pair]
+        if len(mine) == nodes - 1 and all(pair in slow for pair in mine):
+            what = f"every link at under {100 * min_ratio:.0f} % of the median link bandwidth"
+            found.append(_finding(Check.LINK, n, hosts.get(n, ""), what, fatal=True))
+
+
+def _name(node: int, hosts: dict[int, str]) -> str:
+    return f"node {node} ({hosts[node]})" if hosts.get(node) else f"node {node}"
+
+
+def _where(w: WorkerResult) -> str:
+    if w.gpu is not None:
+        return f"gpu {w.gpu}"
+    return f"rank {w.rank} ({w.device})" if w.rank >= 0 else f"local rank {w.local_rank}"
+
+
+def _finding(
+    check: Check, node: int, host: str, what: str, *, fatal: bool, gpu: int | None = None
+) -> Finding:
+    name = _name(node, {node: clip(host)})
+    return Finding(
+        check=check,
+        line=f"preflight: {name} {what}",
+        fatal=fatal,
+        node=node,
+        host=clip(host),
+        gpu=gpu,
+    )
