@@ -23,10 +23,11 @@ PACKAGE = REPO / "elastic_hydra"
 ROOT = "(root)"
 FOLDERS: dict[str, set[str]] = {
     "cli": {"torchrun", "config", "launch", "hangs", "report",
-            "rendezvous"},  # `rdzv-server` runs the store server of rendezvous/
+            "rendezvous",  # `rdzv-server` runs the store server of rendezvous/
+            "schedulers"},  # `--plan` names the detected scheduler, prints manifests
     "torchrun": set(),
     "config": set(),
-    "resolve": {"config"},
+    "resolve": {"config", "schedulers"},  # rdzv=kubeflow... read their scheduler's variables
     "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report"},
     "agent": set(),
     "workers": {"agent"},
@@ -34,10 +35,11 @@ FOLDERS: dict[str, set[str]] = {
     "hangs": {"agent"},
     "report": {"hangs", "agent", "resolve"},
     "sweeps": {"report", "resolve"},
+    "schedulers": set(),
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
-PURE_FOLDERS = ("agent", "torchrun")
+PURE_FOLDERS = ("agent", "torchrun", "schedulers")
 PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact")
 PURE_MORE = ("hangs.verdict", "rendezvous.sealed_records")
 IMPURE_STDLIB = {"os", "sys", "time", "subprocess", "socket", "pathlib", "io", "shutil", "select"}

@@ -40,7 +40,9 @@ class RdzvConf:
     backend: str = key(
         "standalone",
         "standalone (one node, nothing external), static (fixed node ranks), c10d, etcd-v2, "
-        "etcd (torch's rendezvous handlers) or slurm (c10d at the Slurm step's first node)",
+        "etcd (torch's rendezvous handlers), slurm (c10d at the Slurm step's first node), "
+        "kubeflow, jobset, skypilot, dstack (c10d at the node 0 their variables name) or auto "
+        "(whichever of these started the process)",
     )
     endpoint: str = key(
         "", "host[:port] of the c10d store or etcd server (ports 29400, 2379); needed on 2+ nodes"
