@@ -36,7 +36,7 @@ from elastic_hydra.torchrun.flags import (
 )
 from elastic_hydra.torchrun.rdzv import Given, Setting
 
-PLAN_FORMATS = ("text", "json", "yaml")
+PLAN_FORMATS = ("text", "json", "yaml", "jobset", "trainjob")
 _CONFIG_NAME = ("-cn", "--config-name")  # Hydra's own way to name a job file
 
 
@@ -215,6 +215,9 @@ def _plan_format(arg: str) -> str:
     fmt = arg.partition("=")[2] or "text"
     if fmt not in PLAN_FORMATS:
         raise ConfigError(
-            "--plan", "unknown format", fmt, "expected --plan, --plan=json or --plan=yaml"
+            "--plan",
+            "unknown format",
+            fmt,
+            "expected --plan, --plan=json, --plan=yaml, --plan=jobset or --plan=trainjob",
         )
     return fmt

@@ -27,6 +27,10 @@ from elastic_hydra.schedulers import detect
 
 def show_plan(inv: Invocation) -> int:
     """`--plan`: the launch minus the processes, printed; nothing is created."""
+    if inv.plan in ("jobset", "trainjob"):
+        from elastic_hydra.cli import manifest
+
+        return manifest.show_manifest(inv)
     if inv.multirun:
         return _show_sweep(inv)
     cfg, ctx = boundary.compose(inv)

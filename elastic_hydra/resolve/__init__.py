@@ -5,11 +5,13 @@ plan every later step reads, or raises `ConfigError` naming the key, the value a
 parts:
 
 - `entry`: `script=`, `module=` or `cmd=`, its arguments and the Python that runs it.
-- `topology`: how many nodes and how they meet (rendezvous backend, endpoint, Slurm).
+- `topology`: how many nodes and how they meet (rendezvous backend, endpoint, Slurm and the
+  other schedulers' variables, read by `schedulers/`).
+- `kubernetes`: the `k8s.*` keys of `--plan=jobset/trainjob`, and the plan their pods run.
 - `runtime`: what runs around the workers: restart policy, console and log files, hang watch.
 - `gpus`: `nproc_per_node` keywords, `gpus`, `devices`, `gpu_sharing`, CPU binding.
 - `machine`: what this machine offers (GPUs from NVML or nvidia-smi, CPUs from sysfs), read
   without torch; resolution is handed these facts so that tests can pass their own.
 
-Imports: config (the schema and error explanations) and the root.
+Imports: config (the schema and error explanations), schedulers (their readers) and the root.
 """

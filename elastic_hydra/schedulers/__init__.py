@@ -12,7 +12,10 @@ address of node 0, a run id every node agrees on, which variables said so), or r
 - `detect`: `rdzv=auto`, the one scheduler whose environment is present (Slurm included, read
   by the root's `slurm`, which config/ uses too and so stays in the root).
 - `base`: the shared words (`SchedulerNode`, `SchedulerError`, the integer readers).
+- `manifests`: the other direction, the JobSet or TrainJob that starts such pods (plain data
+  out), with the failure policies that keep Kubernetes and the agent from both restarting.
 
 Pure: the environment is passed in as a mapping; no I/O. resolve/ turns a `SchedulerNode` into
-a c10d topology; cli/ shows the detection in `--plan`. Imports: the root only.
+a c10d topology and validates the `k8s.*` keys; cli/ shows the detection in `--plan` and prints
+the manifests as YAML. Imports: the root only.
 """
