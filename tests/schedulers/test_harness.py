@@ -6,13 +6,14 @@ one loopback address per pod, the manifest's failure policies applied to the pod
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from tests.conftest import REPO, WORKERS
+from tests.conftest import REPO, WORKERS, wait_for
 from tests.harness import launcher_env, run
 from tests.multinode import FAST
 from tests.schedulers import harness, validate
@@ -47,6 +48,48 @@ def test_two_pods_train_the_ddp_example_to_the_end(tmp_path: Path, kind: str) ->
     done = summaries(logs)
     assert [s["status"] for s in done] == ["succeeded", "succeeded"], ctl.explain()
     assert len({s["run_id"] for s in done}) == 1
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    path = out / "records.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+
+
+def sized(out: Path, world: int) -> int:
+    """How many records ranks of rounds of `world` ranks wrote."""
+    return len([r for r in records(out) if r["world_size"] == world])
+
+
+def test_an_elastic_jobset_survives_the_loss_of_a_pod(tmp_path: Path) -> None:
+    """nnodes=2:4: pod 3 is lost; the others go on without it, spending no restart (their
+    broken ranks are the lost pod's collateral); its replacement re-joins."""
+    out, logs, release = tmp_path / "out", tmp_path / "logs", tmp_path / "release"
+    out.mkdir()
+    docs = rendered("jobset", f"script={WORKERS / 'elastic.py'}", "nnodes=2:4",
+                    "nproc_per_node=1", "restart.max_restarts=0", f"logs.root={logs}",
+                    *FAST)  # fmt: skip
+    env = launcher_env(OUT_DIR=str(out), EXIT_AT_WORLD="4", RELEASE=str(release), LOOP="1")
+    with harness.running(docs, tmp_path, env) as ctl:
+        ctl.start_all()
+        ctl.wait("a round of 4", lambda: sized(out, 4) >= 4, 240)
+        ctl.kill(3)  # its node is gone: SIGKILL to the agent and its workers
+        # A lost node's pod is declared failed only later (the node controller's grace): until
+        # then nothing replaces it, and the others go on as three.
+        wait_for(lambda: sized(out, 3) >= 3, 120, "a round of 3", detail=ctl.explain)
+        ctl.wait("the replacement's round of 4", lambda: sized(out, 4) >= 8, 180)
+        release.touch()
+        phase = ctl.run(180)
+        assert phase is harness.Phase.SUCCEEDED, ctl.explain()
+    assert ctl.created == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 3)]  # pod 3 recreated once
+    assert (ctl.attempt, ctl.failures) == (0, 1)  # no JobSet restart; one pod replaced
+    done = summaries(logs)
+    assert len(done) == 4, ctl.explain()  # the lost pod wrote none
+    for summary in done:
+        assert (summary["status"], summary["restarts"]) == ("succeeded", 0), summary
+    broken = [e for s in done for e in s["exits"] if e["returncode"] not in (0, -signal.SIGTERM)]
+    assert broken and all(e["after_node_loss"] for e in broken), broken
 
 
 def test_a_pod_that_fails_ends_the_set_once(tmp_path: Path) -> None:
