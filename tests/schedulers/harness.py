@@ -21,6 +21,9 @@ controllers would, following their sources:
   index), PET_MASTER_ADDR `<trainjob>-node-0-0.<trainjob>` and PET_MASTER_PORT to the trainer
   container of a TrainJob, whose JobSet it builds from the runtime's template.
 
+`machines` does the same for nodes outside Kubernetes (SkyPilot, dstack): host names and
+addresses of their own, and the test gives each the scheduler's variables.
+
 Each pod is a process in a UTS namespace of its own (its hostname) with a loopback address of
 its own (`POD_IP`, in /etc/hosts for its DNS name), as tests/slurm_cluster.py runs Slurm nodes;
 the image's `elastic-hydra` is this Python's `-m elastic_hydra`, a ConfigMap mount is a
@@ -381,3 +384,35 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+@contextlib.contextmanager
+def machines(names: list[str]) -> Iterator[list[tuple[str, str]]]:
+    """Nodes of a scheduler outside Kubernetes (SkyPilot, dstack): (hostname, address) each, the
+    names in /etc/hosts; `start_on` runs a command on one, `stop` stops it."""
+    hosts = [(name, f"{ADDRESS_BASE}{40 + i}") for i, name in enumerate(names)]
+    with _hosts({addr: name for name, addr in hosts}, "machines"):
+        yield hosts
+
+
+def start_on(
+    host: tuple[str, str], argv: list[str], env: Mapping[str, str], log: Path
+) -> subprocess.Popen[bytes]:
+    """`argv` on `host`: in a UTS namespace named after it, its own session."""
+    script = f"hostname {shlex.quote(host[0])} && exec {shlex.join(argv)}"
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            ["unshare", "--uts", "sh", "-c", script], cwd=REPO, env=dict(env),
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """A node's launcher and what it started, gone (SIGTERM, then SIGKILL)."""
+    if proc.poll() is None:
+        _kill_tree(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)

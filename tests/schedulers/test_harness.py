@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from tests.conftest import REPO, WORKERS, wait_for
+from tests.conftest import ELASTIC_HYDRA, REPO, WORKERS, free_port, wait_for
 from tests.harness import launcher_env, run
 from tests.multinode import FAST
 from tests.schedulers import harness, validate
@@ -108,3 +108,38 @@ def test_a_pod_that_fails_ends_the_set_once(tmp_path: Path) -> None:
     assert ctl.ended == ["Failed: PodFailurePolicy"], ctl.explain()
     assert ctl.created == [(0, 0), (0, 1)] and ctl.attempt == 0
     assert any("boom from rank 1" in p.text() for p in ctl.pods.values()), ctl.explain()
+
+
+@pytest.mark.parametrize("preset", ["skypilot", "dstack"])
+def test_skypilot_and_dstack_nodes_train_from_their_variables(tmp_path: Path, preset: str) -> None:
+    """Two machines (own host name, own address) given only the scheduler's variables."""
+    out, logs = tmp_path / "weights", tmp_path / "logs"
+    port = free_port()
+    with harness.machines(["gpu-a", "gpu-b"]) as hosts:
+        ips = "\n".join(addr for _, addr in hosts)
+        procs = []
+        try:
+            for rank, host in enumerate(hosts):
+                said = (
+                    {"SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": "2",
+                     "SKYPILOT_NODE_IPS": ips, "SKYPILOT_TASK_ID": f"sky-{tmp_path.name}"}
+                    if preset == "skypilot" else
+                    {"DSTACK_NODE_RANK": str(rank), "DSTACK_NODES_NUM": "2",
+                     "DSTACK_MASTER_NODE_IP": hosts[0][1], "DSTACK_NODES_IPS": ips,
+                     "DSTACK_RUN_NAME": f"run-{tmp_path.name}"}
+                )  # fmt: skip
+                argv = [*ELASTIC_HYDRA, "examples/jobs/ddp.yaml", f"rdzv={preset}",
+                        f"rdzv.endpoint=:{port}", "nproc_per_node=1", "hp.steps=5",
+                        f"hp.dir={out}", f"local_addr={host[1]}", f"logs.root={logs}"]  # fmt: skip
+                log = tmp_path / f"{host[0]}.log"
+                procs.append(harness.start_on(host, argv, launcher_env(**said), log))
+            wait_for(lambda: all(p.poll() is not None for p in procs), 240, "the nodes to end",
+                     detail=lambda: "\n".join(p.read_text()[-2000:]
+                                              for p in tmp_path.glob("gpu-*.log")))  # fmt: skip
+        finally:
+            for proc in procs:
+                harness.stop(proc)
+    assert [p.returncode for p in procs] == [0, 0]
+    assert (out / "final.pt").exists()
+    done = summaries(logs)
+    assert [s["status"] for s in done] == ["succeeded", "succeeded"]
