@@ -35,7 +35,18 @@ README_MAX_LINES = 150
 COMMAND_TIMEOUT = 60  # seconds for one command; each is a plain-Python job of a second or two
 # The launcher reads these from its environment (PET_*, a Slurm step, an enclosing launch): a
 # command shown in the docs must mean the same wherever the suite runs.
-SCRUBBED = ("PET_", "SLURM_", "TORCHELASTIC_", "ELASTIC_HYDRA_", "TORCH_ELASTIC_")
+SCRUBBED = (
+    "PET_",
+    "SLURM_",
+    "TORCHELASTIC_",
+    "ELASTIC_HYDRA_",
+    "TORCH_ELASTIC_",
+    "SKYPILOT_",
+    "DSTACK_",
+    "JOBSET_",
+    "JOB_COMPLETION_INDEX",
+    "REPLICATED_JOB_NAME",
+)
 # Paths of the repository the docs may name; each one named must exist.
 REPO_PATH = re.compile(r"^(?:elastic_hydra|tests|benchmarks|examples|hydra_plugins|conf|docs)/\S*$")
 FENCE = "```"

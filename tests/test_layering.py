@@ -25,10 +25,11 @@ FOLDERS: dict[str, set[str]] = {
     "cli": {"torchrun", "config", "launch", "hangs", "report",
             "rendezvous",  # `rdzv-server` runs the store server of rendezvous/
             "observe",
-            "quarantine"},  # `top`
+            "quarantine",  # `top`
+            "schedulers"},  # `--plan` names the detected scheduler, prints manifests
     "torchrun": set(),
     "config": set(),
-    "resolve": {"config"},
+    "resolve": {"config", "schedulers"},  # rdzv=kubeflow... read their scheduler's variables
     "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
                "observe",
                "quarantine",  # the status publisher and metrics; the ledger's gate
@@ -44,10 +45,11 @@ FOLDERS: dict[str, set[str]] = {
     "quarantine": set(),  # the ledger and the gate: launch wires it, cli edits it
     "warm": {"workers", "agent"},  # the spawner seam of supervise; the worker environment
     "preflight": {"agent"},
+    "schedulers": set(),
     ROOT: set(),
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
-PURE_FOLDERS = ("agent", "torchrun")
+PURE_FOLDERS = ("agent", "torchrun", "schedulers")
 PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
              "durations", "health")  # fmt: skip
 PURE_MORE = (

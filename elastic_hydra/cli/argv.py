@@ -36,7 +36,7 @@ from elastic_hydra.torchrun.flags import (
 )
 from elastic_hydra.torchrun.rdzv import Given, Setting
 
-PLAN_FORMATS = ("text", "json", "yaml")
+PLAN_FORMATS = ("text", "json", "yaml", "jobset", "trainjob")
 _CONFIG_NAME = ("-cn", "--config-name")  # Hydra's own way to name a job file
 
 
@@ -77,10 +77,12 @@ def parse_argv(
     elif w.short_m:
         w.flags.append("-m")
     overrides, notes = _torchrun_overrides(w, environ) if torchrun else (w.overrides, [])
-    if not torchrun and (names := pet_in(environ)):
+    reads_pet = {"rdzv=kubeflow", "rdzv=auto"} & set(w.overrides)  # those presets read them
+    if not torchrun and not reads_pet and (names := pet_in(environ)):
         notes.append(
             f"{', '.join(names)} set: torchrun's variables apply to a torchrun-style command "
-            "(one that names its script, e.g. elastic-hydra train.py), not to this one"
+            "(one that names its script, e.g. elastic-hydra train.py), not to this one; "
+            "rdzv=kubeflow reads them in a job"
         )
     return Invocation(
         flags=tuple(w.flags),
@@ -213,6 +215,9 @@ def _plan_format(arg: str) -> str:
     fmt = arg.partition("=")[2] or "text"
     if fmt not in PLAN_FORMATS:
         raise ConfigError(
-            "--plan", "unknown format", fmt, "expected --plan, --plan=json or --plan=yaml"
+            "--plan",
+            "unknown format",
+            fmt,
+            "expected --plan, --plan=json, --plan=yaml, --plan=jobset or --plan=trainjob",
         )
     return fmt

@@ -10,6 +10,7 @@ share, and resume, each other's files).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -21,10 +22,15 @@ from elastic_hydra.config.invocation import Invocation
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.launch import job
 from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
+from elastic_hydra.schedulers import detect
 
 
 def show_plan(inv: Invocation) -> int:
     """`--plan`: the launch minus the processes, printed; nothing is created."""
+    if inv.plan in ("jobset", "trainjob"):
+        from elastic_hydra.cli import manifest
+
+        return manifest.show_manifest(inv)
     if inv.multirun:
         return _show_sweep(inv)
     cfg, ctx = boundary.compose(inv)
@@ -43,6 +49,9 @@ def show_plan(inv: Invocation) -> int:
     from elastic_hydra.report import plan_view
 
     plan_view.print_plan(plan, run_dir_hint=f"{ctx.run_dir} (created at launch)")
+    scheduler = detect.describe(checked.conf.rdzv.backend, os.environ)
+    if scheduler:
+        print(f"scheduler: {scheduler}")
     _plan_notes(inv, plan, len(checked.conf.args))
     if inv.torchrun:  # the command as a file to commit
         print(f"\n{YAML_HEADING}\n{jobyaml.job_yaml(inv, cfg, ctx)}", end="")

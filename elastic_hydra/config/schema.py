@@ -40,7 +40,9 @@ class RdzvConf:
     backend: str = key(
         "standalone",
         "standalone (one node, nothing external), static (fixed node ranks), c10d, etcd-v2, "
-        "etcd (torch's rendezvous handlers) or slurm (c10d at the Slurm step's first node)",
+        "etcd (torch's rendezvous handlers), slurm (c10d at the Slurm step's first node), "
+        "kubeflow, jobset, skypilot, dstack (c10d at the node 0 their variables name) or auto "
+        "(whichever of these started the process)",
     )
     endpoint: str = key(
         "", "host[:port] of the c10d store or etcd server (ports 29400, 2379); needed on 2+ nodes"
@@ -189,6 +191,24 @@ class PreflightConf:
 
 
 @dataclass
+class K8sConf:
+    image: str = key("", "--plan=jobset/trainjob: the pods' image (elastic-hydra, torch, the code)")
+    name: str = key("", "name of the JobSet/TrainJob; '': elastic-hydra-<job file name>")
+    namespace: str = key("default", "namespace of the manifests")
+    service_account: str | None = key(None, "the pods' service account; null: the namespace's")
+    job_file: str = key(
+        "", "absolute path of the job file in the image; '': shipped in a ConfigMap"
+    )
+    workdir: str = key("", "the pods' working directory (script paths start there); '': image's")
+    gpus_per_node: int = key(0, "nvidia.com/gpu limit of each pod; 0: none")
+    pod_replacements: int = key(
+        3, "pods the Job replaces after a failure the agent does not own (agent OOM-killed, "
+        "node gone) before the Job fails; evictions and preemptions never count",
+    )  # fmt: skip
+    jobset_restarts: int = key(0, "restarts of the whole JobSet after its Job failed that way")
+
+
+@dataclass
 class ElasticHydraConf:
     script: str | None = key(None, "the entrypoint: a Python script (exactly one of three)")
     module: str | None = key(None, "... or a module, run as python -m")
@@ -228,6 +248,7 @@ class ElasticHydraConf:
     env: dict[str, str] = key({}, "extra environment for the workers: env.NAME=value")
     hp: dict[str, Any] = key({}, "free values to interpolate into args: hp.NAME=value")
     warm: WarmConf = group(WarmConf, "warm starts: Python workers forked from an imported template")
+    k8s: K8sConf = group(K8sConf, "Kubernetes manifests (--plan=jobset, --plan=trainjob)")
 
 
 def register() -> None:

@@ -23,7 +23,8 @@ from elastic_hydra.plan import LaunchPlan, QuarantineSpec, to_dict
 from elastic_hydra.records import JobResult, RunStatus, RunSummary, signal_name
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.report.notices import warn
-from elastic_hydra.resolve import timeouts
+from elastic_hydra.resolve import kubernetes, timeouts
+from elastic_hydra.resolve.kubernetes import K8sSpec
 from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.resolver import resolve_config
 from elastic_hydra.rundir import LOGS_ROOT, PRIVATE_DIR, RunDir, write_kept, write_private
@@ -236,3 +237,22 @@ def save_config(
         write_private(path, to_yaml(redact(data)))
     if planned is not None:
         write_private(run.plan, json.dumps(plan_dict(planned[1]), indent=2) + "\n")
+
+
+def pod_plan_of(job: ComposedJob, pod_env: dict[str, str]) -> LaunchPlan:
+    """The plan a manifest's pod 0 will run (`--plan=jobset/trainjob`): see
+    `resolve.kubernetes.pod_plan`.
+
+    Raises:
+        ConfigError: the pods could not launch this job.
+    """
+    return kubernetes.pod_plan(job, pod_env)
+
+
+def k8s_of(job: ComposedJob, job_stem: str | None) -> K8sSpec:
+    """The job's `k8s.*` keys, validated (`resolve.kubernetes.resolve_k8s`).
+
+    Raises:
+        ConfigError: a key Kubernetes would refuse, or no image.
+    """
+    return kubernetes.resolve_k8s(job.conf.k8s, fallback_name=kubernetes.default_name(job_stem))

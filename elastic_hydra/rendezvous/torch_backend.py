@@ -226,9 +226,12 @@ class TorchRendezvous(Membership, JoinWait):
         first_round = self.store is None
         store = guarded(info.store, self.spec.backend)
         try:
-            group_rank = self._group_rank(info, store)
-            if info.rank == 0:  # first: a joining torchrun node's handler waits for it
+            # Node 0 first: a joining node's torch handler (a torchrun node's, or a new agent's in
+            # its first round) waits inside the rendezvous for this round's master, so the
+            # others' facts, waited for in a node order, would never come before it.
+            if info.rank == 0:
                 master = self._master(info, store)
+            group_rank = self._group_rank(info, store)
             node = store_keys.assign_ranks(
                 self.plan.role, self.plan.nproc_per_node, store, group_rank, info.world_size
             )

@@ -5,7 +5,9 @@ plan every later step reads, or raises `ConfigError` naming the key, the value a
 parts:
 
 - `entry`: `script=`, `module=` or `cmd=`, its arguments and the Python that runs it.
-- `topology`: how many nodes and how they meet (rendezvous backend, endpoint, Slurm).
+- `topology`: how many nodes and how they meet (rendezvous backend, endpoint, Slurm and the
+  other schedulers' variables, read by `schedulers/`).
+- `kubernetes`: the `k8s.*` keys of `--plan=jobset/trainjob`, and the plan their pods run.
 - `runtime`: what runs around the workers: restart policy, console and log files, hang watch.
 - `gpus`: `nproc_per_node` keywords, `gpus`, `devices`, `gpu_sharing`, CPU binding.
 - `machine`: what this machine offers (GPUs from NVML or nvidia-smi, CPUs from sysfs), read
@@ -15,5 +17,5 @@ parts:
   workers' collective timeout, exit barrier, stop grace), where each value comes from, and the
   pairs that would fire in the wrong order: refused when that breaks the job, else warned.
 
-Imports: config (the schema and error explanations) and the root.
+Imports: config (the schema and error explanations), schedulers (their readers) and the root.
 """

@@ -1,7 +1,9 @@
 """Topology: how many nodes, and how they meet (the rendezvous backend and its endpoint).
 
 `rdzv=slurm` resolves straight to a c10d rendezvous at the step's first node, with the node count,
-the node order, the port and the run id taken from Slurm.
+the node order, the port and the run id taken from Slurm. `rdzv=kubeflow`, `jobset`, `skypilot`
+and `dstack` do the same with their scheduler's variables (read by `schedulers/`), and `rdzv=auto`
+picks whichever of these five started the process.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from elastic_hydra.config.schema import ElasticHydraConf, RdzvConf
 from elastic_hydra.errors import TORCH_INSTALL, ConfigError
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, NodeRange, Standalone, Static
 from elastic_hydra.resolve.runtime import seconds
+from elastic_hydra.schedulers import detect
+from elastic_hydra.schedulers.base import SchedulerError, SchedulerNode
 
-BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd", "slurm")
+SCHEDULERS = ("kubeflow", "jobset", "skypilot", "dstack")
+BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd", "slurm", *SCHEDULERS, "auto")
 DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379, "etcd": 2379}
 STATIC_DEFAULT_PORT = 29500
 _NNODES_FORM = "expected N or MIN:MAX with 1 <= MIN <= MAX, e.g. nnodes=2 or nnodes=2:4"
@@ -55,8 +60,11 @@ def resolve_topology(conf: ElasticHydraConf, environ: Mapping[str, str]) -> Topo
         return Topology(nnodes=nnodes, rdzv=Standalone(), run_id=r.id)
     if r.backend == "static":
         return Topology(nnodes=nnodes, rdzv=_static(conf, nnodes), run_id=r.id)
-    if r.backend == "slurm":
+    backend = _detected(environ) if r.backend == "auto" else r.backend
+    if backend == "slurm":
         return _slurm(r, nnodes, environ)
+    if backend in SCHEDULERS:
+        return _scheduled(r, nnodes, scheduler_node(backend, environ))
     if nnodes.max > 1:
         _require_shared_names(r)
     text = r.endpoint.strip() or "127.0.0.1"  # one node: this machine
@@ -215,6 +223,63 @@ def _slurm(r: RdzvConf, nnodes: NodeRange, environ: Mapping[str, str]) -> Topolo
         _dynamic(r, DynamicBackend.C10D, endpoint), is_host=is_host, node_order=job.node_id
     )
     return Topology(nnodes=nnodes, rdzv=rdzv, run_id=r.id or job.run_id)
+
+
+def _detected(environ: Mapping[str, str]) -> str:
+    """`rdzv=auto`: the scheduler whose environment is present."""
+    try:
+        return detect.detect(environ)
+    except SchedulerError as exc:
+        raise ConfigError("rdzv.backend", exc.problem, "auto", exc.fix) from None
+
+
+def scheduler_node(backend: str, environ: Mapping[str, str]) -> SchedulerNode:
+    """This node as the scheduler `backend` placed it (`--plan` shows it).
+
+    Raises:
+        ConfigError: a variable is missing, malformed or contradicts another: named, with the fix.
+    """
+    try:
+        return detect.read(backend, environ)
+    except SchedulerError as exc:
+        raise ConfigError(
+            "rdzv.backend",
+            f"bad {backend} environment: {exc.variable} {exc.problem}",
+            backend,
+            exc.fix,
+        ) from None
+
+
+def _scheduled(r: RdzvConf, nnodes: NodeRange, node: SchedulerNode) -> Topology:
+    """c10d at the scheduler's node 0, which hosts the store; nnodes, the node order and the run
+    id from the scheduler. c10d rather than static, although the schedulers describe a static
+    master: a restart re-rendezvous at the same address, and nnodes=MIN:MAX works."""
+    text = r.endpoint.strip()
+    if text and not text.startswith(":"):
+        endpoint = parse_endpoint(text, DEFAULT_PORTS["c10d"], key="rdzv.endpoint")
+        is_host = r.is_host
+    else:
+        port = _slurm_port(text) if text else (node.port or DEFAULT_PORTS["c10d"])
+        endpoint = Endpoint(host=node.master, port=port)
+        is_host = node.node_rank == 0 if r.is_host is None else r.is_host
+    if node.nnodes is not None:
+        if nnodes == NodeRange(min=1, max=1):
+            nnodes = NodeRange(min=node.nnodes, max=node.nnodes)
+        elif not nnodes.min <= node.nnodes <= nnodes.max:
+            raise ConfigError(
+                "nnodes", f"disagrees with {node.nnodes_variable}={node.nnodes}", str(nnodes),
+                f"expected nnodes={node.nnodes} (or leave nnodes out: {node.scheduler} says it)",
+            )  # fmt: skip
+    elif node.node_rank >= nnodes.max:
+        raise ConfigError(
+            "nnodes", f"leaves this node out: {node.rank_variable}={node.node_rank}",
+            str(nnodes), f"expected nnodes=N (or MIN:MAX) with N > {node.node_rank}, the same "
+            "in every pod: their count (the Job's parallelism)",
+        )  # fmt: skip
+    rdzv = replace(
+        _dynamic(r, DynamicBackend.C10D, endpoint), is_host=is_host, node_order=node.node_rank
+    )
+    return Topology(nnodes=nnodes, rdzv=rdzv, run_id=r.id or node.run_id)
 
 
 def _slurm_port(text: str) -> int:

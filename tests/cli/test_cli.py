@@ -153,7 +153,10 @@ def test_help_mentions_plan_presets_and_examples(workdir: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "--plan" in out
-    assert "rdzv: c10d, etcd, etcd-v2, slurm, standalone, static" in out
+    assert (
+        "rdzv: auto, c10d, dstack, etcd, etcd-v2, jobset, kubeflow, skypilot, slurm, standalone,"
+        " static"
+    ) in out
     assert "restart: backoff, never, on_failure" in out
     assert "logs: files_only, quiet, tee" in out
     assert "Examples:" in out and "elastic-hydra script=train.py" in out

@@ -140,7 +140,7 @@ CASES = [
         [T, "rdzv=zookeeper"],
         "rdzv",
         "got 'zookeeper'",
-        "c10d, etcd, etcd-v2, slurm, standalone, static",
+        "auto, c10d, dstack, etcd, etcd-v2, jobset, kubeflow, skypilot, slurm, standalone, static",
     ),
     case(
         "static-node-rank-too-big",
@@ -200,7 +200,7 @@ CASES = [
         "preset-not-a-name",
         [T, "rdzv=5"],
         "rdzv",
-        "c10d, etcd, etcd-v2, slurm, standalone, static",
+        "auto, c10d, dstack, etcd, etcd-v2, jobset, kubeflow, skypilot, slurm, standalone, static",
     ),
     # ------------------------------------------------------------------------ restart and timing
     case(
@@ -446,6 +446,19 @@ SLURM_ENV = {  # inside `srun --ntasks-per-node=1` on a 5-node allocation's last
 }
 
 
+SCHEDULER_ENVS = {  # node 1 of 2, as each scheduler describes it
+    "kubeflow": {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "tj-node-0-0.tj",
+                 "PET_MASTER_PORT": "29400"},
+    "jobset": {"JOBSET_NAME": "js", "REPLICATED_JOB_NAME": "node", "JOB_COMPLETION_INDEX": "0"},
+    "skypilot": {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2",
+                 "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2"},
+    "dstack": {"DSTACK_NODE_RANK": "1", "DSTACK_NODES_NUM": "2",
+               "DSTACK_MASTER_NODE_IP": "10.0.0.1"},
+    "auto": {"DSTACK_NODE_RANK": "1", "DSTACK_NODES_NUM": "2",
+             "DSTACK_MASTER_NODE_IP": "10.0.0.1"},
+}  # fmt: skip
+
+
 @pytest.mark.parametrize(("group", "option"), _presets())
 def test_every_preset_plans(
     job_dir: Path,
@@ -455,9 +468,9 @@ def test_every_preset_plans(
     option: str,
 ) -> None:
     monkeypatch.setenv("COLUMNS", "500")  # rich folds long paths at the default 80 columns
-    if option == "slurm":  # the preset reads the allocation from Slurm's variables
-        for name, value in SLURM_ENV.items():
-            monkeypatch.setenv(name, value)
+    # The presets that read a scheduler's variables get them.
+    for name, value in ({"slurm": SLURM_ENV} | SCHEDULER_ENVS).get(option, {}).items():
+        monkeypatch.setenv(name, value)
     code = run_main([T, f"{group}={option}", "--plan"])
     out, err = capsys.readouterr()
     assert code == 0, err

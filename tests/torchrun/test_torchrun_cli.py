@@ -239,7 +239,11 @@ def test_a_plain_command_is_unchanged_and_ignores_pet_with_a_note() -> None:
     (note,) = inv.notes
     assert note.startswith("PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, ")
     assert "apply to a torchrun-style command" in note
+    assert note.endswith("rdzv=kubeflow reads them in a job")
     assert parse("script=t.py").notes == ()
+    # The presets that read PET_* on purpose get no note.
+    assert parse("script=t.py", "rdzv=kubeflow", env=KUBEFLOW).notes == ()
+    assert parse("script=t.py", "rdzv=auto", env=KUBEFLOW).notes == ()
 
 
 def test_own_words_stop_at_the_script() -> None:

@@ -1,0 +1,98 @@
+"""The `k8s.*` keys, validated, and the plan a manifest's pods will run.
+
+`--plan=jobset` and `--plan=trainjob` resolve the job as its pod 0 will (the preset's overrides
+applied, the scheduler's variables of pod 0 given), so a manifest is only printed for a job that
+its pods can launch; then the `k8s.*` keys become a `K8sSpec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+from elastic_hydra.config.composed import ComposedJob
+from elastic_hydra.config.schema import K8sConf
+from elastic_hydra.errors import ConfigError
+from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.resolve.resolver import Host, resolve_config
+from elastic_hydra.schedulers.manifests import K8sSpec
+
+__all__ = ["K8sSpec", "default_name", "pod_plan", "resolve_k8s"]
+
+# A DNS-1035 label: the JobSet's name starts a pod's host name, `<name>-node-0-<i>`, which must
+# stay within 63 characters (the Job controller's limit), with room for the indexes.
+MAX_NAME = 40
+_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
+
+
+def resolve_k8s(conf: K8sConf, *, fallback_name: str) -> K8sSpec:
+    """The `k8s.*` keys of a job whose manifest is printed.
+
+    Raises:
+        ConfigError: a missing image, a name Kubernetes refuses, a negative count, a relative path.
+    """
+    if not conf.image.strip():
+        raise ConfigError(
+            "k8s.image", "is needed for a manifest", "", "expected the pods' image, e.g. "
+            "k8s.image=ghcr.io/me/train:1.0 (with elastic-hydra, torch and the job's code)",
+        )  # fmt: skip
+    if not _IMAGE.fullmatch(conf.image) or len(conf.image) > 512:
+        raise ConfigError("k8s.image", "not an image reference", conf.image, "e.g. repo/img:tag")
+    name = conf.name or fallback_name
+    if not _LABEL.fullmatch(name) or len(name) > MAX_NAME:
+        raise ConfigError(
+            "k8s.name", "not a DNS label Kubernetes accepts here", name,
+            f"expected lower-case letters, digits and '-', starting with a letter, at most "
+            f"{MAX_NAME} characters (pod names add -node-0-<i>)",
+        )  # fmt: skip
+    if not _LABEL.fullmatch(conf.namespace) or len(conf.namespace) > 63:
+        raise ConfigError("k8s.namespace", "not a namespace name", conf.namespace, "e.g. ml-team")
+    account = conf.service_account
+    if account is not None and (not _SUBDOMAIN.fullmatch(account) or len(account) > 253):
+        raise ConfigError(
+            "k8s.service_account", "not a service account name", account, "e.g. trainer"
+        )
+    for key, path in (("k8s.job_file", conf.job_file), ("k8s.workdir", conf.workdir)):
+        if path and not path.startswith("/"):
+            raise ConfigError(key, "is not an absolute path", path, "expected e.g. /app/job.yaml")
+    for key, count in (
+        ("k8s.gpus_per_node", conf.gpus_per_node),
+        ("k8s.pod_replacements", conf.pod_replacements),
+        ("k8s.jobset_restarts", conf.jobset_restarts),
+    ):
+        if count < 0:
+            raise ConfigError(key, "is negative", count, "expected 0 or more")
+    return K8sSpec(
+        image=conf.image,
+        name=name,
+        namespace=conf.namespace,
+        service_account=account,
+        job_file=conf.job_file,
+        workdir=conf.workdir,
+        gpus_per_node=conf.gpus_per_node,
+        pod_replacements=conf.pod_replacements,
+        jobset_restarts=conf.jobset_restarts,
+    )
+
+
+def default_name(job_stem: str | None) -> str:
+    """`elastic-hydra-<job file name>`, made a DNS label; `elastic-hydra` without a job file."""
+    if not job_stem:
+        return "elastic-hydra"
+    stem = re.sub(r"[^a-z0-9-]+", "-", job_stem.lower()).strip("-")
+    return f"elastic-hydra-{stem}"[:MAX_NAME].rstrip("-")
+
+
+def pod_plan(job: ComposedJob, pod_env: Mapping[str, str]) -> LaunchPlan:
+    """The plan pod 0 will run: `job` composed with the preset's overrides, resolved with the
+    scheduler's variables of pod 0 on top of this machine's environment.
+
+    Raises:
+        ConfigError: the pods could not launch this job.
+    """
+    host = Host.current()
+    host = dataclasses.replace(host, environ={**host.environ, **pod_env})
+    return resolve_config(job, host=host)

@@ -1,0 +1,145 @@
+"""JobSet and TrainJob manifests run as Kubernetes would run them, by the harness that plays the
+controllers (tests/schedulers/harness.py): real agents, real gloo workers, one UTS namespace and
+one loopback address per pod, the manifest's failure policies applied to the pods' exits.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml  # type: ignore[import-untyped]
+
+from tests.conftest import ELASTIC_HYDRA, REPO, WORKERS, free_port, wait_for
+from tests.harness import launcher_env, run
+from tests.multinode import FAST
+from tests.schedulers import harness, validate
+
+pytestmark = pytest.mark.timeout(400)
+IMAGE = "k8s.image=ghcr.io/example/train:1.0"
+
+
+def rendered(kind: str, *argv: str) -> list[dict[str, Any]]:
+    proc = run(*argv, IMAGE, f"--plan={kind}", cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    validate.validate(docs)
+    return docs
+
+
+def summaries(root: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(root.glob("**/summary.json"))]
+
+
+@pytest.mark.parametrize("kind", ["jobset", "trainjob"])
+def test_two_pods_train_the_ddp_example_to_the_end(tmp_path: Path, kind: str) -> None:
+    out, logs = tmp_path / "weights", tmp_path / "logs"
+    docs = rendered(kind, "examples/jobs/ddp.yaml", "nnodes=2", "nproc_per_node=1",
+                    "hp.steps=5", f"hp.dir={out}", f"logs.root={logs}")  # fmt: skip
+    with harness.running(docs, tmp_path, launcher_env()) as ctl:
+        ctl.start_all()
+        phase = ctl.run(300)
+        assert phase is harness.Phase.SUCCEEDED, ctl.explain()
+    assert ctl.created == [(0, 0), (0, 1)]  # nothing recreated, nothing restarted
+    assert (out / "final.pt").exists(), ctl.explain()
+    done = summaries(logs)
+    assert [s["status"] for s in done] == ["succeeded", "succeeded"], ctl.explain()
+    assert len({s["run_id"] for s in done}) == 1
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    path = out / "records.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+
+
+def sized(out: Path, world: int) -> int:
+    """How many records ranks of rounds of `world` ranks wrote."""
+    return len([r for r in records(out) if r["world_size"] == world])
+
+
+def test_an_elastic_jobset_survives_the_loss_of_a_pod(tmp_path: Path) -> None:
+    """nnodes=2:4: pod 3 is lost; the others go on without it, spending no restart (their
+    broken ranks are the lost pod's collateral); its replacement re-joins."""
+    out, logs, release = tmp_path / "out", tmp_path / "logs", tmp_path / "release"
+    out.mkdir()
+    docs = rendered("jobset", f"script={WORKERS / 'elastic.py'}", "nnodes=2:4",
+                    "nproc_per_node=1", "restart.max_restarts=0", f"logs.root={logs}",
+                    *FAST)  # fmt: skip
+    env = launcher_env(OUT_DIR=str(out), EXIT_AT_WORLD="4", RELEASE=str(release), LOOP="1")
+    with harness.running(docs, tmp_path, env) as ctl:
+        ctl.start_all()
+        ctl.wait("a round of 4", lambda: sized(out, 4) >= 4, 240)
+        ctl.kill(3)  # its node is gone: SIGKILL to the agent and its workers
+        # A lost node's pod is declared failed only later (the node controller's grace): until
+        # then nothing replaces it, and the others go on as three.
+        wait_for(lambda: sized(out, 3) >= 3, 120, "a round of 3", detail=ctl.explain)
+        ctl.wait("the replacement's round of 4", lambda: sized(out, 4) >= 8, 180)
+        release.touch()
+        phase = ctl.run(180)
+        assert phase is harness.Phase.SUCCEEDED, ctl.explain()
+    assert ctl.created == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 3)]  # pod 3 recreated once
+    assert (ctl.attempt, ctl.failures) == (0, 1)  # no JobSet restart; one pod replaced
+    done = summaries(logs)
+    assert len(done) == 4, ctl.explain()  # the lost pod wrote none
+    for summary in done:
+        assert (summary["status"], summary["restarts"]) == ("succeeded", 0), summary
+    broken = [e for s in done for e in s["exits"] if e["returncode"] not in (0, -signal.SIGTERM)]
+    assert broken and all(e["after_node_loss"] for e in broken), broken
+
+
+def test_a_pod_that_fails_ends_the_set_once(tmp_path: Path) -> None:
+    """The agent gave up (exit 1): the Job fails by its pod failure policy and the JobSet ends,
+    although it may restart twice for pod losses: nothing is recreated or restarted."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    docs = rendered("jobset", f"script={WORKERS / 'elastic.py'}", "nnodes=2", "nproc_per_node=1",
+                    "restart.max_restarts=0", "k8s.jobset_restarts=2", f"logs.root={logs}",
+                    *FAST)  # fmt: skip
+    env = launcher_env(OUT_DIR=str(out), FAIL_RANK="1")
+    with harness.running(docs, tmp_path, env) as ctl:
+        ctl.start_all()
+        phase = ctl.run(240)
+        assert phase is harness.Phase.FAILED, ctl.explain()
+    assert ctl.ended == ["Failed: PodFailurePolicy"], ctl.explain()
+    assert ctl.created == [(0, 0), (0, 1)] and ctl.attempt == 0
+    assert any("boom from rank 1" in p.text() for p in ctl.pods.values()), ctl.explain()
+
+
+@pytest.mark.parametrize("preset", ["skypilot", "dstack"])
+def test_skypilot_and_dstack_nodes_train_from_their_variables(tmp_path: Path, preset: str) -> None:
+    """Two machines (own host name, own address) given only the scheduler's variables."""
+    out, logs = tmp_path / "weights", tmp_path / "logs"
+    port = free_port()
+    with harness.machines(["gpu-a", "gpu-b"]) as hosts:
+        ips = "\n".join(addr for _, addr in hosts)
+        procs = []
+        try:
+            for rank, host in enumerate(hosts):
+                said = (
+                    {"SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": "2",
+                     "SKYPILOT_NODE_IPS": ips, "SKYPILOT_TASK_ID": f"sky-{tmp_path.name}"}
+                    if preset == "skypilot" else
+                    {"DSTACK_NODE_RANK": str(rank), "DSTACK_NODES_NUM": "2",
+                     "DSTACK_MASTER_NODE_IP": hosts[0][1], "DSTACK_NODES_IPS": ips,
+                     "DSTACK_RUN_NAME": f"run-{tmp_path.name}"}
+                )  # fmt: skip
+                argv = [*ELASTIC_HYDRA, "examples/jobs/ddp.yaml", f"rdzv={preset}",
+                        f"rdzv.endpoint=:{port}", "nproc_per_node=1", "hp.steps=5",
+                        f"hp.dir={out}", f"local_addr={host[1]}", f"logs.root={logs}"]  # fmt: skip
+                log = tmp_path / f"{host[0]}.log"
+                procs.append(harness.start_on(host, argv, launcher_env(**said), log))
+            wait_for(lambda: all(p.poll() is not None for p in procs), 240, "the nodes to end",
+                     detail=lambda: "\n".join(p.read_text()[-2000:]
+                                              for p in tmp_path.glob("gpu-*.log")))  # fmt: skip
+        finally:
+            for proc in procs:
+                harness.stop(proc)
+    assert [p.returncode for p in procs] == [0, 0]
+    assert (out / "final.pt").exists()
+    done = summaries(logs)
+    assert [s["status"] for s in done] == ["succeeded", "succeeded"]
