@@ -44,7 +44,7 @@ def test_a_quarantined_host_does_not_join_and_clear_lets_it_back(tmp_path: Path)
     assert "--exclude" not in line
     run_dir = next((cwd / "eh_logs").glob("*/*"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["status"], summary["exit_code"]) == ("quarantined", 5)
+    assert (summary["status"], summary["exit_code"]) == ("quarantined", 6)
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["quarantined", "finish"]
     assert events[0]["host"] == host

@@ -147,7 +147,7 @@ def test_report_reads_what_it_can_of_a_timeline_and_says_what_it_skipped(tmp_pat
     started = WorkersStarted(wall_time=10.0, mono_time=1.0, pids=(7,), attempt=0)
     lines = [
         json.dumps(started.to_json()),
-        json.dumps({"event": "preflight", "time": 10.5, "monotonic": 1.5}),  # a newer kind
+        json.dumps({"event": "from_the_future", "time": 10.5, "monotonic": 1.5}),  # a newer kind
         '{"event": "finish", "time": 11.0, "monotonic": 2.0, "status": "succ',  # cut short
     ]
     (tmp_path / "events.jsonl").write_text("\n".join(lines))

@@ -95,8 +95,8 @@ def test_an_agent_whose_store_is_gone_loses_records_without_waiting_on_it_each_t
     sink = status_keys.StoreSink(Endpoint(host="127.0.0.1", port=free_port()), "x",
                                  clock=lambda: now[0])  # fmt: skip
     started = time.monotonic()
-    sink(b"{}")  # refused: one bounded try
-    assert time.monotonic() - started < status_keys.TIMEOUT + 3 and sink.store is None
+    sink(b"{}")  # refused: one bounded try (bounded, not fast: a loaded host stretches it)
+    assert time.monotonic() - started < status_keys.TIMEOUT + 15 and sink.store is None
     started = time.monotonic()
     for _ in range(100):  # within RETRY: no new connection
         sink(b"{}")
