@@ -5,12 +5,16 @@ later job that reads the same ledger refuses the node before the rendezvous (exi
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
+
+import pytest
 
 from elastic_hydra.agent.events import Joining, Quarantined
 from elastic_hydra.errors import EXIT_PREFLIGHT_NODE, EXIT_QUARANTINED
 from elastic_hydra.quarantine.ledger import Ledger
+from elastic_hydra.records import Phase, RunSummary
 from elastic_hydra.report.events_file import read_events
 from tests.conftest import WORKERS
 from tests.harness import run
@@ -37,8 +41,9 @@ def test_a_node_that_fails_preflight_is_kept_out_of_the_next_job_until_cleared(
     not_a_dir.write_text("a file where the job wants a directory\n")
     host = socket.gethostname()
 
-    code, out, _ = launch(tmp_path, "first", ledger, *QUICK, f"preflight.paths=[{not_a_dir}]")
+    code, out, root = launch(tmp_path, "first", ledger, *QUICK, f"preflight.paths=[{not_a_dir}]")
     assert code == EXIT_PREFLIGHT_NODE, out
+    adds_up(root, ran=False)
     (entry,) = Ledger(ledger).active(0)
     assert (entry.host, entry.gpu, entry.job) == (host, None, "job-first")
     found = f"preflight: node 0 ({host}) preflight.paths {not_a_dir} is not a directory"
@@ -62,5 +67,21 @@ def test_a_node_that_fails_preflight_is_kept_out_of_the_next_job_until_cleared(
     cleared = run("quarantine", "clear", host, "--ledger", str(ledger), cwd=tmp_path)
     assert cleared.returncode == 0, cleared.stdout + cleared.stderr
     assert Ledger(ledger).active(0) == []
-    code, out, _ = launch(tmp_path, "third", ledger)
+    code, out, root = launch(tmp_path, "third", ledger, *QUICK)
     assert code == 0, out
+    assert "preflight: 1 node(s) passed" in out
+    adds_up(root, ran=True)
+
+
+def adds_up(root: Path, *, ran: bool) -> None:
+    """The goodput ledger of a real preflight job: its battery counted as `preflight` (the
+    event's seconds), every phase adding up to the wall time within 1 %."""
+    (path,) = root.glob("**/summary.json")
+    summary = RunSummary.from_json(json.loads(path.read_text()))
+    led, verdict = summary.ledger, summary.preflight
+    assert led is not None and verdict is not None
+    assert led.seconds(Phase.PREFLIGHT) == pytest.approx(verdict.seconds, abs=0.01)
+    assert 0 < led.seconds(Phase.PREFLIGHT) < led.wall_s
+    assert sum(p.wall_s for p in led.phases) == pytest.approx(led.wall_s, rel=0.01)
+    assert led.seconds(Phase.UNATTRIBUTED) < 0.01 * led.wall_s
+    assert (led.seconds(Phase.RUNNING) > 0) is ran
