@@ -20,6 +20,7 @@ from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.seams import Observer
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
+from elastic_hydra.health import PreflightMode
 from elastic_hydra.observe.publish import PERIOD, Publisher, Sink
 from elastic_hydra.observe.status import Tracker
 from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan, Standalone, Static
@@ -68,7 +69,10 @@ def start(
     Raises:
         ConfigError: metrics.port cannot be listened on (taken, or not this machine's).
     """
-    tracker = Tracker(node=host, nproc=plan.nproc_per_node, agent_pid=os.getpid(), period=PERIOD)
+    tracker = Tracker(
+        node=host, nproc=plan.nproc_per_node, agent_pid=os.getpid(), period=PERIOD,
+        preflight=plan.preflight.mode is not PreflightMode.OFF,
+    )  # fmt: skip
     sinks: list[Sink] = []
     if isinstance(plan.rdzv, Dynamic):
         from elastic_hydra.rendezvous.status_keys import StoreSink

@@ -57,6 +57,13 @@ class StatusCollector(Collector):
         rounds = CounterMetricFamily(f"{PREFIX}rendezvous_rounds", "rounds", labels=["node"])
         rounds.add_metric([node], float(counts.rounds))
         yield rounds
+        yield _counter(
+            "preflight_verdicts", "preflight verdicts by result", node, "result", counts.preflight
+        )
+        yield _total("preflight_failed_nodes", "nodes the preflight verdicts named", node,
+                     counts.preflight_failed_nodes)  # fmt: skip
+        yield _total("quarantine_refusals", "rounds not joined: this node is in the ledger", node,
+                     counts.quarantine_refusals)  # fmt: skip
 
 
 def _workers(record: NodeStatus) -> Iterator[Metric]:
@@ -89,6 +96,12 @@ def _gauge(name: str, text: str, node: str, value: float) -> Metric:
     gauge = GaugeMetricFamily(f"{PREFIX}{name}", text, labels=["node"])
     gauge.add_metric([node], float(value))
     return gauge
+
+
+def _total(name: str, text: str, node: str, count: int) -> Metric:
+    counter = CounterMetricFamily(f"{PREFIX}{name}", text, labels=["node"])
+    counter.add_metric([node], float(count))
+    return counter
 
 
 def _counter(name: str, text: str, node: str, label: str, counts: dict[str, int]) -> Metric:

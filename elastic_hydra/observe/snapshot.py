@@ -25,7 +25,13 @@ from elastic_hydra.observe.status import (
 from elastic_hydra.rundir import RunDir
 
 # The job's phase is its busiest node's: one node restarting means the job is restarting.
-_ORDER = (JobPhase.STOPPING, JobPhase.RESTARTING, JobPhase.RENDEZVOUS, JobPhase.RUNNING)
+_ORDER = (
+    JobPhase.STOPPING,
+    JobPhase.RESTARTING,
+    JobPhase.RENDEZVOUS,
+    JobPhase.PREFLIGHT,
+    JobPhase.RUNNING,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -36,6 +36,7 @@ class JobPhase(enum.StrEnum):
     """Where this node's agent is in the job."""
 
     RENDEZVOUS = "rendezvous"  # waiting for a round (the first, or after a membership change)
+    PREFLIGHT = "preflight"  # the round's preflight battery runs (preflight=quick|full)
     RUNNING = "running"  # the workers run
     RESTARTING = "restarting"  # a failure or a hang: the workers are restarted
     STOPPING = "stopping"  # a signal stops the workers
@@ -164,15 +165,22 @@ class Counts:
     hangs: dict[str, int] = field(default_factory=dict)  # verdicts, by action
     membership: dict[str, int] = field(default_factory=dict)  # by change: joined, left, closed
     rounds: int = 0
+    preflight: dict[str, int] = field(default_factory=dict)  # verdicts: passed, failed
+    preflight_failed_nodes: int = 0  # nodes the verdicts this node saw named
+    quarantine_refusals: int = 0  # rounds this node did not join: it is in the ledger
 
 
 class Tracker:
     """The node's state, folded from its events (an Observer; the agent feeds it beside the
     timeline). Not thread-safe by itself: the publisher holds a lock around it."""
 
-    def __init__(self, *, node: str, nproc: int, agent_pid: int, period: float) -> None:
+    def __init__(
+        self, *, node: str, nproc: int, agent_pid: int, period: float, preflight: bool = False
+    ) -> None:
         self.node, self.nproc, self.agent_pid, self.period = node, nproc, agent_pid, period
+        self.preflight = preflight  # a battery runs after each round, until its verdict
         self.phase = JobPhase.RENDEZVOUS
+        self.before_preflight = JobPhase.RENDEZVOUS  # the phase the verdict returns to
         self.node_rank: int | None = None
         self.nodes: int | None = None
         self.base_rank = 0
@@ -210,6 +218,13 @@ class Tracker:
             case events.MembershipChange():
                 self._bump(self.counts.membership, event.change.value)
                 self.phase = JobPhase.RENDEZVOUS
+            case events.Preflight():
+                self._bump(self.counts.preflight, "passed" if event.passed else "failed")
+                self.counts.preflight_failed_nodes += len(event.bad_nodes)
+                if self.phase is JobPhase.PREFLIGHT:
+                    self.phase = self.before_preflight
+            case events.Quarantined():
+                self.counts.quarantine_refusals += 1
             case events.HangWatchStarted():
                 self.hang_timeout = event.timeout
             case events.Hang():
@@ -224,6 +239,8 @@ class Tracker:
 
     def _round(self, event: events.RendezvousRound) -> None:
         self.counts.rounds += 1
+        if self.preflight:  # the executor runs the battery right after the round
+            self.before_preflight, self.phase = self.phase, JobPhase.PREFLIGHT
         self.node_rank, self.nodes, self.attempt = event.node_rank, event.nodes, event.attempt
         self.base_rank = event.base_rank if event.base_rank is not None else self.base_rank
         self.workers = [

@@ -209,7 +209,7 @@ def _stores_bound_to_their_host() -> Iterator[None]:
     error torch expects, so it joins as a client, as it would have."""
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
 
-    original = c10d.TCPStore
+    original: Any = c10d.TCPStore  # type: ignore[attr-defined,unused-ignore]
 
     def tcp_store(host: str, port: int, *args: Any, is_master: bool = False, **kw: Any) -> Store:
         if not is_master or args:
@@ -219,11 +219,11 @@ def _stores_bound_to_their_host() -> Iterator[None]:
         except OSError as exc:
             raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
-    c10d.TCPStore = tcp_store
+    c10d.TCPStore = tcp_store  # type: ignore[attr-defined,assignment,unused-ignore]
     try:
         yield
     finally:
-        c10d.TCPStore = original
+        c10d.TCPStore = original  # type: ignore[attr-defined,unused-ignore]
 
 
 def guarded(store: Store, backend: DynamicBackend) -> Store:

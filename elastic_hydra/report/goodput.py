@@ -7,7 +7,9 @@ agent's start and its end belongs to exactly one phase:
 - start-up: agent start to the first `joining`, and the first round to its workers started;
 - rendezvous: `joining` to the round (the first one), and a membership change to the next
   attempt's workers running (stopping the group, the new round, the spawn);
-- preflight: 0 today (no event tells of checks before the workers start);
+- preflight: the battery between a round and the workers, from the `preflight` event (stamped at
+  the verdict, with the node's `seconds` in the battery): the `seconds` before it, carved out of
+  whichever phase the round was in (start-up, rendezvous or restart), which goes on after it;
 - running: workers started to the first real failure of the attempt (a worker the launcher did
   not stop, exiting non-zero), a hang verdict that ends it, the last worker's exit, a membership
   change or a stop signal;
@@ -37,6 +39,7 @@ from elastic_hydra.agent.events import (
     Hang,
     Joining,
     MembershipChange,
+    Preflight,
     RendezvousRound,
     SignalReceived,
     WorkerExited,
@@ -110,6 +113,10 @@ class _Cutter:
                 self.lost.append((ev.attempt, "hang", ev.mono_time, since))
                 if ev.action is not HangAction.REPORT:
                     self.mark(ev.mono_time, _AFTER_FAILURE)
+            case Preflight() if self.phase is not Phase.RUNNING:
+                before = self.phase  # start-up, rendezvous or restart: it goes on after
+                self.mark(ev.mono_time - max(0.0, ev.seconds), Phase.PREFLIGHT)
+                self.mark(ev.mono_time, before)
             case MembershipChange() if self.phase is Phase.RUNNING:
                 self.mark(ev.mono_time, Phase.RENDEZVOUS)
             case SignalReceived() | Finish() if self.phase is not _AFTER_FAILURE:

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from elastic_hydra.durations import show_duration
 from elastic_hydra.gpus import format_cpus
+from elastic_hydra.health import PreflightMode
 from elastic_hydra.plan import (
     Dynamic,
     DynamicBackend,
@@ -59,6 +60,8 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
     rows["console"] = console_text
     rows["devices"] = describe_devices(plan)
     rows["timeouts"] = describe_timeouts(plan)
+    rows["preflight"] = describe_preflight(plan)
+    rows["warm"] = describe_warm(plan)
     rows["quarantine"] = describe_quarantine(plan)
     rows["run dir"] = plan.run_dir or run_dir_hint
     for what, value in rows.items():  # Text: values are the user's words, never rich markup
@@ -91,6 +94,33 @@ def describe_timeouts(plan: LaunchPlan) -> str:
         lines.append(f"{layer.name}: {value}: {layer.why} [{layer.source}]")
     lines += [f"warning: {line}" for line in derived.warnings]
     return "\n".join(lines)
+
+
+def describe_preflight(plan: LaunchPlan) -> str:
+    """The battery after each round: what it runs, its bounds, what fails a node."""
+    p = plan.preflight
+    if p.mode is PreflightMode.OFF:
+        return "off (preflight=off): the workers start right after the rendezvous"
+    links = ", every link between nodes" if p.mode is PreflightMode.FULL else ""
+    paths = ", ".join(("logs.root", *p.paths))
+    return (
+        f"{p.mode.value} after each rendezvous round, at most {p.timeout:g} s "
+        f"(preflight.timeout): {p.gemm_size} x {p.gemm_size} GEMM for {p.gemm_seconds:g} s per "
+        f"worker, allreduces of {p.allreduce_bytes / (1 << 20):g} MiB x {p.allreduce_reps} in "
+        f"and across nodes{links}\n"
+        f"a node fails under {p.min_ratio:g} of the median (preflight.min_ratio), or with less "
+        f"than {p.min_free_bytes / (1 << 30):g} GiB free or no write in {paths}"
+    )
+
+
+def describe_warm(plan: LaunchPlan) -> str:
+    imports = plan.warm.imports
+    if not imports:
+        return "off (warm.imports=[]): every worker starts cold"
+    return (
+        f"Python workers forked from a template that imported {', '.join(imports)} "
+        "(warm.imports), restarts too; a cold start where the template cannot serve"
+    )
 
 
 def describe_quarantine(plan: LaunchPlan) -> str:

@@ -6,6 +6,11 @@ From the bottom up (a layer must fire before the ones above it, torchtitan#2899)
     heartbeat     a node silent for keep_alive_interval x keep_alive_max_attempt has left: the
                   others re-rendezvous without spending a restart
     last call     once MIN nodes joined, how long a round waits for more (elastic jobs)
+    preflight     the battery between a round and its workers (preflight=quick|full): a node
+                  that arrives meanwhile waits in torch's wait list, on its join deadline, until
+                  the round's nodes have their verdict and start their workers (then they see
+                  it waiting and re-rendezvous); heartbeats go on during the battery (torch's
+                  keep-alive thread), so it needs no order with the heartbeat
     join          how long a round waits for MIN nodes before the rendezvous fails
     hang          no progress on any rank: every rank's stack is saved, then hang.action
     collective    the workers' own collective timeout (NCCL's watchdog ends the process)
@@ -21,15 +26,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from elastic_hydra.config.schema import ElasticHydraConf, HangConf, RdzvConf
+from elastic_hydra.config.schema import ElasticHydraConf, HangConf, PreflightConf, RdzvConf
 from elastic_hydra.errors import ConfigError
+from elastic_hydra.health import PreflightMode
 from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
 
 # torch 2.13's defaults (torch/csrc/distributed/c10d: ProcessGroup.hpp kProcessGroupDefaultTimeout,
 # ProcessGroupNCCL.hpp kProcessGroupNCCLDefaultTimeout; distributed_c10d._get_default_timeout).
 TORCH_GLOO_TIMEOUT = 1800.0
 TORCH_NCCL_TIMEOUT = 600.0
-_RDZV, _HANG, _TOP = RdzvConf(), HangConf(), ElasticHydraConf()
+_RDZV, _HANG, _TOP, _PREFLIGHT = RdzvConf(), HangConf(), ElasticHydraConf(), PreflightConf()
 
 
 class Severity(enum.StrEnum):
@@ -102,6 +108,9 @@ def layers(plan: LaunchPlan) -> dict[str, Layer]:
                               _RDZV.last_call_timeout),
                 why=f"once {plan.nnodes.min} node(s) joined, a round waits this long for more",
             )  # fmt: skip
+    if plan.preflight.mode is not PreflightMode.OFF:
+        found["preflight"] = _preflight(plan)
+    if isinstance(rdzv, Dynamic):
         legacy = rdzv.backend is DynamicBackend.ETCD
         key, join = ("rdzv.timeout", rdzv.timeout) if legacy else ("rdzv.join_timeout",
                                                                    rdzv.join_timeout)  # fmt: skip
@@ -127,6 +136,16 @@ def layers(plan: LaunchPlan) -> dict[str, Layer]:
         why="SIGTERM to SIGKILL when the workers are stopped",
     )  # fmt: skip
     return found
+
+
+def _preflight(plan: LaunchPlan) -> Layer:
+    spec = plan.preflight
+    return Layer(
+        name="preflight", seconds=spec.timeout, key="preflight.timeout",
+        source=f"preflight={spec.mode.value}, "
+        + _given("preflight.timeout", spec.timeout, _PREFLIGHT.timeout),
+        why="the battery after each round, at most this long, before the workers start",
+    )  # fmt: skip
 
 
 def _hang(plan: LaunchPlan) -> Layer:
@@ -188,6 +207,10 @@ def _rules(plan: LaunchPlan) -> list[tuple[str, str, bool, str, str]]:
          "a round that gets fewer than the most nodes passes the join deadline while it waits "
          "for more, and the rendezvous fails every time",
          "Lower rdzv.last_call_timeout (e.g. 30) or raise rdzv.join_timeout."),
+        ("preflight", "join", False,
+         "a node that arrives while a round runs its battery waits for it on its join "
+         "deadline, and fails its rendezvous (exit 3) when the battery outlasts it",
+         "Lower preflight.timeout or raise rdzv.join_timeout."),
         ("heartbeat", "collective", elastic and no_restarts,
          "when a node dies, the survivors' collectives time out before the agents see it "
          "left: a worker failure" + (", and with restart.max_restarts=0 the end of an elastic "

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from elastic_hydra.launch.observing import job_address
@@ -111,6 +112,21 @@ def test_no_secret_reaches_a_label() -> None:
     }  # fmt: skip
     allowed = {"n1", "0"} | {s.value for s in WorkerState} | {p.value for p in JobPhase}
     assert set(labels) <= allowed | {"failure"}
+
+
+def test_preflight_verdicts_failed_nodes_and_quarantine_refusals_are_counted() -> None:
+    record = NodeStatus(
+        node="n1", node_rank=0, nodes=3, phase=JobPhase.PREFLIGHT, attempt=0, restarts=0,
+        rounds=2, agent_pid=1, period=2.0, time=1.0,
+    )  # fmt: skip
+    counts = Counts(preflight={"passed": 1, "failed": 2}, preflight_failed_nodes=3,
+                    quarantine_refusals=1)  # fmt: skip
+    found = samples(generate_latest(Metrics(lambda: (record, counts)).registry).decode())
+    assert value(found, "elastic_hydra_phase", phase="preflight") == 1.0
+    assert value(found, "elastic_hydra_preflight_verdicts_total", result="passed") == 1.0
+    assert value(found, "elastic_hydra_preflight_verdicts_total", result="failed") == 2.0
+    assert value(found, "elastic_hydra_preflight_failed_nodes_total") == 3.0
+    assert value(found, "elastic_hydra_quarantine_refusals_total") == 1.0
 
 
 def test_metrics_keys_are_checked(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from elastic_hydra.agent import events
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import ChangeKind
-from elastic_hydra.observe.snapshot import snapshot
+from elastic_hydra.observe.snapshot import NodeView, Snapshot, snapshot
 from elastic_hydra.observe.status import (
     MAX_BYTES,
     JobPhase,
@@ -164,3 +164,51 @@ def test_a_worker_that_ended_has_no_progress_age() -> None:
                                terminated_by_launcher=False, attempt=0))  # fmt: skip
     record = t.record(now=200.0, samples={}, progress={0: 100.0, 1: 150.0})
     assert [w.progress_age for w in record.workers] == [None, 50.0]
+
+
+def verdict(passed: bool, bad: tuple[int, ...] = ()) -> events.Preflight:
+    return events.Preflight(**T, passed=passed, nodes=3, bad_nodes=bad, seconds=2.0, attempt=0)
+
+
+def test_the_phase_is_preflight_while_the_battery_runs_and_its_verdicts_are_counted() -> None:
+    t = Tracker(node="n1", nproc=2, agent_pid=42, period=2.0, preflight=True)
+
+    def phase() -> JobPhase:
+        return t.record(now=1.0, samples={}, progress={}).phase
+
+    t.emit(events.Joining(**T, attempt=0))
+    t.emit(events.RendezvousRound(**T, attempt=0, node_rank=1, nodes=3, world_size=6,
+                                  master="h:1", base_rank=2))  # fmt: skip
+    assert phase() is JobPhase.PREFLIGHT
+    t.emit(verdict(False, (2,)))  # another node failed: a new round without it
+    assert phase() is JobPhase.RENDEZVOUS
+    started(t)  # a round, its battery (no verdict yet), then the workers
+    assert phase() is JobPhase.RUNNING
+    t.emit(events.Restart(**T, reason="r", delay=0.0, restart=1, rank=3))
+    t.emit(events.Joining(**T, attempt=1))
+    t.emit(events.RendezvousRound(**T, attempt=1, node_rank=1, nodes=2, world_size=4,
+                                  master="h:1", base_rank=2))  # fmt: skip
+    assert phase() is JobPhase.PREFLIGHT
+    t.emit(verdict(True))
+    assert phase() is JobPhase.RESTARTING  # the restart goes on to its workers
+    assert t.counts.preflight == {"failed": 1, "passed": 1}
+    assert t.counts.preflight_failed_nodes == 1
+    t.emit(events.Quarantined(**T, host="n1", gpus=(), evidence="e", until=5.0, attempt=1))
+    assert t.counts.quarantine_refusals == 1
+    off = tracker()  # preflight off: no such phase
+    started(off)
+    off.emit(events.Joining(**T, attempt=1))
+    off.emit(events.RendezvousRound(**T, attempt=1, node_rank=1, nodes=2, world_size=4,
+                                    master="h:1", base_rank=2))  # fmt: skip
+    assert off.record(now=1.0, samples={}, progress={}).phase is JobPhase.RENDEZVOUS
+
+
+def test_a_job_with_a_node_in_its_preflight_is_in_preflight() -> None:
+    def view(phase: JobPhase) -> NodeView:
+        record = NodeStatus(node="n", node_rank=0, nodes=2, phase=phase, attempt=0, restarts=0,
+                            rounds=1, agent_pid=1, period=2.0, time=1.0)  # fmt: skip
+        return NodeView(record=decode(encode(record)), age=0.0, stale=False)
+
+    both = Snapshot(nodes=(view(JobPhase.PREFLIGHT), view(JobPhase.RUNNING)), time=1.0)
+    assert both.phase is JobPhase.PREFLIGHT
+    assert Snapshot(nodes=(view(JobPhase.PREFLIGHT),), time=1.0).phase is JobPhase.PREFLIGHT

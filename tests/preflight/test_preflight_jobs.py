@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from elastic_hydra.errors import EXIT_PREFLIGHT_JOB, EXIT_PREFLIGHT_NODE
+from elastic_hydra.quarantine.ledger import Ledger
 from tests.conftest import free_port, wait_for
 from tests.harness import ELASTIC_HYDRA
 from tests.multinode import FAST, Job, job
@@ -71,7 +72,9 @@ def test_a_fixed_size_job_with_a_read_only_path_on_one_node_stops_before_the_scr
 ) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    overrides = ("nnodes=2", *FAST, *QUICK, f"preflight.paths=[{data}]")
+    ledger = tmp_path / "ledger.json"
+    overrides = ("nnodes=2", *FAST, *QUICK, f"preflight.paths=[{data}]",
+                 f"quarantine.ledger={ledger}")  # fmt: skip
     with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
         j.start(*overrides)
         start_read_only(j, data, *overrides)
@@ -89,6 +92,12 @@ def test_a_fixed_size_job_with_a_read_only_path_on_one_node_stops_before_the_scr
     assert finding["check"] == "path" and finding["node"] == bad["preflight"]["bad_nodes"][0]
     assert healthy["preflight"] == bad["preflight"] | {"seconds": healthy["preflight"]["seconds"]}
     assert data.stat().st_mode and not list(data.iterdir())  # writable here, nothing left in it
+    # The bad node, and it alone, put itself into the ledger and said so.
+    (entry,) = Ledger(ledger).active(0)
+    assert (entry.host, entry.gpu, entry.job) == (socket.gethostname(), None, j.run_id)
+    assert named in entry.reason
+    said = [["quarantined " in ln for ln in a.text().splitlines()].count(True) for a in j.agents]
+    assert said == [0, 1], j.explain()
 
 
 @contextlib.contextmanager

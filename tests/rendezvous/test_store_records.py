@@ -131,7 +131,7 @@ def test_forged_and_malformed_records_in_a_real_store_change_nothing(tmp_path: P
     """A real c10d job where someone who reached the store wrote a forged "earliest failure" of a
     node that is not in the job, and a malformed record: both agents still name the real root
     cause, exit 1 (not 70), and say that records were ignored."""
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # type: ignore[attr-defined,unused-ignore]
 
     with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
         store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))

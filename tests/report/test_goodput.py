@@ -80,6 +80,58 @@ def test_a_clean_run_is_startup_rendezvous_running_and_stopping() -> None:
     assert led.lost == ()
 
 
+def checked(t: float, seconds: float, attempt: int, *, passed: bool = True) -> ev.Preflight:
+    return ev.Preflight(
+        **at(t), passed=passed, nodes=2, bad_nodes=() if passed else (1,), seconds=seconds,
+        attempt=attempt,
+    )  # fmt: skip
+
+
+def test_the_preflight_is_its_battery_cut_out_of_the_start_up_it_ran_in() -> None:
+    timeline = [
+        *rdzv(1.0, 0), checked(4.5, 2.5, 0), started(5.0, 0),
+        exited(10.0, 0, 0, 0), exited(10.0, 1, 0, 0), finish(10.5),
+    ]  # fmt: skip
+    led = goodput.ledger(timeline, node="h", start=0.0, end=11.0)
+    assert secs(led) == {
+        Phase.STARTUP: 1.0 + 0.5 + 0.5, Phase.RENDEZVOUS: 0.5, Phase.PREFLIGHT: 2.5,
+        Phase.RUNNING: 5.0, Phase.STOPPING: 1.0,
+    }  # fmt: skip
+    assert goodput.attributed_fraction(led) == 1.0
+
+
+def test_a_failed_preflight_is_preflight_then_stopping_and_a_rejoin_is_rendezvous() -> None:
+    failed = [*rdzv(1.0, 0), checked(4.0, 2.0, 0, passed=False),
+              finish(4.0, Status.PREFLIGHT_FAILED, 0)]  # fmt: skip
+    led = goodput.ledger(failed, node="h", start=0.0, end=5.0)
+    assert secs(led) == {
+        Phase.STARTUP: 1.0 + 0.5, Phase.RENDEZVOUS: 0.5, Phase.PREFLIGHT: 2.0, Phase.STOPPING: 1.0
+    }  # fmt: skip
+    # Another node failed, enough remain: a new round (rendezvous), its preflight, the workers.
+    rejoined = [*rdzv(1.0, 0), checked(4.0, 2.0, 0, passed=False), *rdzv(4.0, 0),
+                checked(6.5, 2.0, 0), started(7.0, 0), exited(8.0, 0, 0, 0), exited(8.0, 1, 0, 0),
+                finish(8.0)]  # fmt: skip
+    led = goodput.ledger(rejoined, node="h", start=0.0, end=8.0)
+    assert secs(led) == {
+        Phase.STARTUP: 1.0 + 0.5 + 0.5, Phase.RENDEZVOUS: 0.5 + 0.5,
+        Phase.PREFLIGHT: 4.0, Phase.RUNNING: 1.0,
+    }  # fmt: skip
+
+
+def test_a_preflight_after_a_restart_is_cut_out_of_the_restart_gap() -> None:
+    timeline = [
+        *rdzv(0.0, 0), started(1.0, 0), exited(5.0, 1, 1, 0),
+        ev.Restart(**at(5.3), reason="r", delay=1.0, restart=1, rank=1),
+        *rdzv(6.3, 1), checked(8.8, 2.0, 1), started(9.0, 1),
+        exited(11.0, 0, 0, 1), exited(11.0, 1, 0, 1), finish(11.0, attempts=2),
+    ]  # fmt: skip
+    led = goodput.ledger(timeline, node="h", start=0.0, end=11.0)
+    assert secs(led) == {
+        Phase.RENDEZVOUS: 0.5, Phase.STARTUP: 0.5, Phase.RUNNING: 4.0 + 2.0,
+        Phase.RESTART: 4.0 - 2.0, Phase.PREFLIGHT: 2.0,
+    }  # fmt: skip
+
+
 def test_a_failure_then_a_restart_is_a_restart_gap_with_the_work_lost() -> None:
     timeline = [
         *rdzv(0.0, 0), started(1.0, 0),

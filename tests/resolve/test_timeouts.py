@@ -144,3 +144,46 @@ def test_plan_prints_the_layers_and_a_risky_order_warns(in_tmp: Path) -> None:
     )
     quiet = run("script=train.py", "--plan", cwd=in_tmp)
     assert "warning" not in quiet.stderr  # the defaults are in order
+
+
+def test_the_preflight_is_a_layer_that_must_end_before_a_waiting_node_gives_up() -> None:
+    derived = derive(plan_of("script=train.py", *ELASTIC, "preflight=quick"))
+    assert [(x.name, x.seconds) for x in derived.layers][:4] == [
+        ("heartbeat", 15), ("last call", 30), ("preflight", 60), ("join", 600),
+    ]  # fmt: skip
+    by_name = {layer.name: layer for layer in derived.layers}
+    assert by_name["preflight"].source == "preflight=quick, preflight.timeout=60 (default)"
+    assert derived.conflicts == ()  # the presets are in order (full: 300 s)
+    assert derive(plan_of("script=train.py", *ELASTIC, "preflight=full")).conflicts == ()
+    off = derive(plan_of("script=train.py", *ELASTIC))
+    assert "preflight" not in [x.name for x in off.layers]
+    slow = derive(plan_of("script=train.py", *ELASTIC, "preflight=quick",
+                          "preflight.timeout=600"))  # fmt: skip
+    assert [(c.severity, c.lower.name, c.upper.name) for c in slow.conflicts] == [
+        (Severity.WARN, "preflight", "join")
+    ]
+    assert slow.warnings[0].startswith(
+        "preflight.timeout: the preflight layer (600 s) is not shorter than the join layer, "
+        "rdzv.join_timeout (600 s); a node that arrives while a round runs its battery waits"
+    )
+    one_node = derive(plan_of("script=train.py", "preflight=quick", "preflight.timeout=900"))
+    assert one_node.conflicts == ()  # no rendezvous to wait on
+
+
+def test_plan_shows_the_preflight_and_warm_settings(in_tmp: Path) -> None:
+    shown = run("script=train.py", *ELASTIC, "preflight=quick", "preflight.timeout=700",
+                "preflight.paths=[/data]", "warm.imports=[json]", "--plan", cwd=in_tmp)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "preflight: 700 s: the battery after each round" in out
+    assert (
+        "preflight    quick after each rendezvous round, at most 700 s (preflight.timeout): "
+        "512 x 512 GEMM for 0.5 s per worker, allreduces of 4 MiB x 5 in and across nodes" in out
+    )
+    assert "no write in logs.root, /data" in out
+    assert "warm         Python workers forked from a template that imported json" in out
+    (warning,) = [x for x in shown.stderr.splitlines() if "warning" in x]
+    assert warning.startswith("elastic-hydra: warning: preflight.timeout: the preflight layer")
+    plain = run("script=train.py", "--plan", cwd=in_tmp).stdout
+    assert "preflight    off (preflight=off)" in plain
+    assert "warm         off (warm.imports=[]): every worker starts cold" in plain
