@@ -9,10 +9,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Sequence
 
-from elastic_hydra.agent import events, preflight_rule, restart_policy
+from elastic_hydra.agent import events, restart_policy
 from elastic_hydra.agent.collateral import CollateralWait
 from elastic_hydra.agent.loop_state import Ended, LoopState
 from elastic_hydra.agent.outcome import RunOutcome, Status, root_cause
+from elastic_hydra.agent.round_gates import RoundGates
 from elastic_hydra.agent.seams import (
     Admission,
     ChangeKind,
@@ -40,7 +41,7 @@ STOP_SIGNAL_WINDOW = 0.5  # seconds a worker's death by a stop signal waits for 
 _STOP_SIGNAL_NAMES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
 
 
-class Executor(CollateralWait):
+class Executor(CollateralWait, RoundGates):
     """Runs one plan on this node to its outcome."""
 
     def __init__(
@@ -123,23 +124,6 @@ class Executor(CollateralWait):
             if ended in (Ended.FAILED, Ended.HUNG) and not self._restart(started, ended):
                 return self._finish(Status.FAILED, self.state.reason)
 
-    def _refused(self) -> RunOutcome | None:
-        """This node is quarantined: it leaves before the round, with the admission's line."""
-        found = self.admission.refusal() if self.admission is not None else None
-        if found is None:
-            return None
-        self.observer.emit(
-            events.Quarantined(
-                **self._now(),
-                host=found.host,
-                gpus=found.gpus,
-                evidence=found.evidence,
-                until=found.until,
-                attempt=self.state.attempts,
-            )
-        )
-        return self._finish(Status.QUARANTINED, found.line)
-
     def _rendezvous(self) -> NodeAssignment:
         self.observer.emit(events.Joining(**self._now(), attempt=self.state.attempts))
         node = self.rdzv.next_round()
@@ -155,31 +139,6 @@ class Executor(CollateralWait):
             )
         )
         return node
-
-    def _preflight(self, node: NodeAssignment) -> RunOutcome | bool:
-        """The round's preflight verdict acted on: True to start the workers, False to join a
-        new round without the nodes that failed (enough remain), else how the run ended here."""
-        assert self.preflight is not None
-        try:
-            verdict = self.preflight.check(node, self.state.attempts, self.state.restarts)
-        except RendezvousError as exc:
-            return self._stopped() or self._finish(Status.RENDEZVOUS_FAILED, str(exc))
-        self.state.preflight = verdict
-        self.observer.emit(
-            events.Preflight(
-                **self._now(), passed=verdict.passed, nodes=verdict.nodes,
-                bad_nodes=verdict.bad_nodes, seconds=verdict.seconds, attempt=self.state.attempts,
-            )
-        )  # fmt: skip
-        if (stopped := self._stopped()) is not None:
-            return stopped
-        rule = preflight_rule.decide(
-            verdict, node.group_rank, node.group_world_size, self.plan.nnodes
-        )
-        if rule.next is not preflight_rule.Next.END:
-            return rule.next is preflight_rule.Next.START
-        assert rule.status is not None
-        return self._finish(rule.status, rule.reason)
 
     def _monitor(self, group: WorkerGroup, node: NodeAssignment) -> tuple[Ended, str]:
         while True:
