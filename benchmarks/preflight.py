@@ -43,6 +43,7 @@ CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
 WORKER = "import os\nprint('rank', os.environ['RANK'])\n"
 FAST = ["rdzv.keep_alive_interval=1", "rdzv.keep_alive_max_attempt=3", "rdzv.last_call_timeout=1"]
 DEADLINE = 600.0
+FINDING = re.compile(r"preflight: (?:node|link) [^\n]*")
 
 
 def free_port() -> int:
@@ -127,6 +128,8 @@ def run_job(tmp: Path, nodes: int, mode: str, min_ratio: float | None = None) ->
         found = re.search(rf"node (\d+) of {nodes},", outputs[-1].read_text())
         throttled = int(found.group(1)) if found else None
     bad = sorted({n for e in verdicts for n in e["bad_nodes"]})
+    texts = [out.read_text(errors="replace") for out in outputs]
+    said = {m.group(0) for text in texts for m in FINDING.finditer(text)}
     return {
         "nodes": nodes,
         "mode": mode,
@@ -136,6 +139,7 @@ def run_job(tmp: Path, nodes: int, mode: str, min_ratio: float | None = None) ->
         "workers_s": max(started) - t0 if len(started) == nodes else None,
         "bad_nodes": bad,
         "throttled_node": throttled,
+        "findings": sorted(said),  # every node's and link's finding, fatal or not
     }
 
 
@@ -216,8 +220,15 @@ def report(
         lines.append(
             f"False exclusions over {len(healthy)} healthy 4-node quick runs: {false} node(s) "
             f"named in {runs_with} run(s); verdict median "
-            f"{fmt(median([r['verdict_s'] for r in healthy]))} s."
+            f"{fmt(median([r['verdict_s'] for r in healthy]))} s, battery median "
+            f"{fmt(median([r['battery_s'] for r in healthy]))} s."
         )
+        kept = [line for r in healthy for line in r.get("findings", ()) if "not confirmed" in line]
+        runs_kept = sum(1 for r in healthy if any("not confirmed" in x for x in r["findings"]))
+        lines.append(
+            f"Slow findings not confirmed (warned, kept): {len(kept)} in {runs_kept} run(s)."
+        )
+        lines += [f"- {line}" for r in healthy for line in r.get("findings", ())]
     return "\n".join([*head, *lines]) + "\n"
 
 

@@ -179,7 +179,8 @@ class PreflightConf:
     )
     min_ratio: float = key(
         0.8,
-        "a worker's GEMM rate (or a node's bus bandwidth) under this share of the median fails",
+        "a worker's GEMM rate (or a node's bus bandwidth) under this share of the median fails,"
+        " if its best sample is too",
     )
     gemm_size: int = key(512, "n of the n x n float32 matrix multiply each worker times")
     gemm_seconds: float = key(0.5, "seconds each worker multiplies (longer: steadier rates)")

@@ -5,9 +5,12 @@ agent (it imports torch).
 
 1. a process group on the round's worker store, under a key prefix of its own (the user's workers
    later use the same store with torchrun's prefix: the probe leaves no key in their way);
-2. a barrier, then an n x n float32 matrix multiply repeated for a fixed time: GFLOP/s;
+2. a barrier, then an n x n float32 matrix multiply repeated for a fixed time, timed in
+   `SAMPLES` equal windows: GFLOP/s of each window (the verdict wants the spread, not one figure:
+   a node is only named slow when even its best window is slow);
 3. an allreduce inside the node (when it has several workers) and across nodes (one worker per
-   node), timed after a warm-up: bus bandwidth, as nccl-tests counts it (2 (n-1)/n of the bytes);
+   node), timed after a warm-up, each repetition apart: bus bandwidth, as nccl-tests counts it
+   (2 (n-1)/n of the bytes), the median repetition and the best;
 4. in `full`, with more than two nodes, every pair of nodes in rounds of disjoint pairs (each
    round side by side): the bus bandwidth of each link;
 5. the result as JSON in OUT, written whole (renamed into place).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
 # every module to prove that ours do none).
 
 STORE_FD_ENV = "ELASTIC_HYDRA_STORE_FD"  # standalone: rank 0 hosts the store on this socket
+SAMPLES = 5  # GEMM windows per worker
 
 
 def main(argv: list[str]) -> int:
@@ -72,7 +77,9 @@ def measure(settings: dict[str, Any], local_rank: int, rank: int) -> dict[str, A
             timeout=timeout,
         )  # fmt: skip
         dist.barrier()
-    found["gemm_gflops"] = gemm(device, int(settings["gemm_size"]), settings["gemm_seconds"])
+    samples = gemm(device, int(settings["gemm_size"]), settings["gemm_seconds"])
+    found["gemm_gflops"] = statistics.median(samples)
+    found["gemm_samples"] = samples
     if world > 1:
         nodes = world // local_world
         node = rank // local_world
@@ -81,10 +88,11 @@ def measure(settings: dict[str, Any], local_rank: int, rank: int) -> dict[str, A
         leaders = dist.new_group([n * local_world for n in range(nodes)])
         size, reps = int(settings["allreduce_bytes"]), int(settings["allreduce_reps"])
         if local_world > 1:
-            busbw = allreduce(device, groups[node], local_world, size, reps)
-            found["intra_busbw"] = busbw if local_rank == 0 else None
+            busbw, best = allreduce(device, groups[node], local_world, size, reps)
+            if local_rank == 0:
+                found["intra_busbw"], found["intra_best"] = busbw, best
         if nodes > 1 and local_rank == 0:
-            found["cross_busbw"] = allreduce(device, leaders, nodes, size, reps)
+            found["cross_busbw"] = allreduce(device, leaders, nodes, size, reps)[0]
         if settings.get("pairs") and nodes > 2:
             found["links"] = links(
                 device,
@@ -129,9 +137,9 @@ def links(
     for pairs in rounds:
         for a, b in pairs:
             if node in (a, b):
-                busbw = allreduce(device, groups[(a, b)], 2, size, reps)
+                busbw, best = allreduce(device, groups[(a, b)], 2, size, reps)
                 if node == a:
-                    found.append({"peer": b, "busbw": busbw})
+                    found.append({"peer": b, "busbw": busbw, "best": best})
         dist.barrier()  # one round of pairs at a time
     return found
 
@@ -159,37 +167,46 @@ def gpu_index(device: torch.device) -> int | None:
     return int(entry) if entry.isdigit() else device.index
 
 
-def gemm(device: torch.device, n: int, seconds: float) -> float:
-    """GFLOP/s of n x n float32 multiplies repeated for `seconds` (one warm-up first)."""
+def gemm(device: torch.device, n: int, seconds: float) -> list[float]:
+    """GFLOP/s of n x n float32 multiplies repeated for `seconds` (one warm-up first), one figure
+    per window of `seconds / SAMPLES`."""
     import torch
 
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     torch.mm(a, b)
     sync(device)
-    count, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        for _ in range(4):
-            torch.mm(a, b)
-        sync(device)
-        count += 4
-    return 2 * n**3 * count / elapsed / 1e9
+    samples = []
+    for _ in range(SAMPLES):
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / SAMPLES:
+            for _ in range(4):
+                torch.mm(a, b)
+            sync(device)
+            count += 4
+        samples.append(2 * n**3 * count / elapsed / 1e9)
+    return samples
 
 
-def allreduce(device: torch.device, group: Any, members: int, size: int, reps: int) -> float:
-    """Bus bandwidth in GB/s of an allreduce of `size` bytes among `members` ranks."""
+def allreduce(
+    device: torch.device, group: Any, members: int, size: int, reps: int
+) -> tuple[float, float]:
+    """Bus bandwidth in GB/s of an allreduce of `size` bytes among `members` ranks: the median
+    repetition and the best one."""
     import torch
     import torch.distributed as dist
 
     tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
     dist.all_reduce(tensor, group=group)  # warm-up: connections, buffers
     sync(device)
-    start = time.perf_counter()
-    for _ in range(reps):
+    figures = []
+    for _ in range(max(1, reps)):
+        start = time.perf_counter()
         dist.all_reduce(tensor, group=group)
-    sync(device)
-    elapsed = (time.perf_counter() - start) / reps
-    return size / elapsed * 2 * (members - 1) / members / 1e9
+        sync(device)
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        figures.append(size / elapsed * 2 * (members - 1) / members / 1e9)
+    return statistics.median(figures), max(figures)
 
 
 def sync(device: torch.device) -> None:

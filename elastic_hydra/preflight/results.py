@@ -18,6 +18,7 @@ MAX_REPORT = 64 << 10  # bytes of one node's report
 MAX_WORKERS = 1024
 MAX_PROBLEMS = 64
 MAX_TEXT = 300  # characters of one problem or error shown
+MAX_SAMPLES = 64  # GEMM windows of one worker
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,7 +26,8 @@ class LinkResult(JsonRecord):
     """The bus bandwidth between this worker's node and a higher one (full)."""
 
     peer: int  # node rank
-    busbw: float  # GB/s
+    busbw: float  # GB/s, the median repetition
+    best: float | None = None  # GB/s, the best repetition (None: the median is all there is)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,8 +38,10 @@ class WorkerResult(JsonRecord):
     rank: int
     device: str  # "cpu" or "cuda"
     gpu: int | None = None  # the GPU's index on its host (CUDA_VISIBLE_DEVICES' entry)
-    gemm_gflops: float | None = None
+    gemm_gflops: float | None = None  # the median of gemm_samples
+    gemm_samples: tuple[float, ...] = ()  # GFLOP/s of each timed window
     intra_busbw: float | None = None  # GB/s of the allreduce inside the node (local rank 0)
+    intra_best: float | None = None  # GB/s of its best repetition
     cross_busbw: float | None = None  # GB/s of the allreduce across nodes (local rank 0)
     links: tuple[LinkResult, ...] = ()  # full, local rank 0: each link to a higher node
     error: str = ""  # why it measured nothing
@@ -96,7 +100,10 @@ def read_report(raw: bytes | None, node: int, nproc: int, nodes: int = 0) -> Nod
     for w in report.workers:
         if any(not node < link.peer < nodes for link in w.links):
             return "published a preflight result naming a link to no node of the round"
-        for value in (w.gemm_gflops, w.intra_busbw, w.cross_busbw, *(k.busbw for k in w.links)):
+        if len(w.gemm_samples) > MAX_SAMPLES:
+            return "published a preflight result with too many samples"
+        figures = (w.gemm_gflops, w.intra_busbw, w.intra_best, w.cross_busbw, *w.gemm_samples)
+        for value in (*figures, *(k.busbw for k in w.links), *(k.best for k in w.links)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 return f"published an impossible measurement ({value!r:.40})"
     return report

@@ -4,6 +4,16 @@ Each node rates the same reports the same way, so every node of a round comes to
 verdict without a coordinator: a node fails when a node check failed, when its probe measured
 nothing, when one of its workers multiplies below `min_ratio` of the job's median GEMM rate, or
 when its allreduce inside the node runs below `min_ratio` of the nodes' median bus bandwidth.
+
+A slow figure must be confirmed before it costs a node its place: each measurement comes as
+several samples (GEMM windows, allreduce repetitions), and a figure below `min_ratio` of the
+median is confirmed only when the node's best sample is below `min_ratio` of that median too:
+at no moment of the measurement did it reach what a typical node does typically. A healthy node
+on a busy host loses some windows to its neighbours but wins others; a throttled or slow one is
+slow in every window. (Not against the median of the best samples: a burst, a window while the
+others waited, inflates those, and a healthy node was named so on the test host.) A finding that
+is not confirmed is printed as a warning (`... not confirmed (best sample at 93 % of the
+median): kept`) and excludes nobody: the verdict cannot tell, so it does not guess.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from elastic_hydra.health import BadGpu, Check, Finding, PreflightMode, PreflightVerdict
 from elastic_hydra.preflight.results import NodeReport, WorkerResult, clip
@@ -23,6 +34,28 @@ class Rating:
     mode: PreflightMode
     min_ratio: float
     round: int
+
+
+class Judgement(StrEnum):
+    """One figure against the job's medians."""
+
+    OK = "ok"
+    SLOW = "slow"  # below min_ratio of the median, its best sample too
+    UNCONFIRMED = "unconfirmed"  # below min_ratio of the median, but its best sample is not
+
+
+def judge(value: float, best: float, median: float, min_ratio: float) -> Judgement:
+    """`value` (the typical sample) and `best` (the best one) against the job's `median` of the
+    typical samples."""
+    if median <= 0 or value >= min_ratio * median:
+        return Judgement.OK
+    if best >= min_ratio * median:
+        return Judgement.UNCONFIRMED
+    return Judgement.SLOW
+
+
+def _unconfirmed(best: float, median: float) -> str:
+    return f", not confirmed (best sample at {100 * best / median:.0f} % of the median): kept"
 
 
 def rate(reports: Sequence[NodeReport | str], rating: Rating) -> PreflightVerdict:
@@ -82,14 +115,18 @@ def _verdict(
 
 def _gemm(reports: list[NodeReport], min_ratio: float, found: list[Finding]) -> float | None:
     """Each worker's GEMM rate against the median of every worker of the job."""
-    rates = [w.gemm_gflops for r in reports for w in r.workers if w.gemm_gflops is not None]
-    if not rates:
+    rated = [w for r in reports for w in r.workers if w.gemm_gflops is not None]
+    if not rated:
         return None
-    median = statistics.median(rates)
+    median = statistics.median(w.gemm_gflops for w in rated if w.gemm_gflops is not None)
     for report in reports:
         throttled = {t.gpu: t.reasons for t in report.throttled}
         for w in report.workers:
-            if w.gemm_gflops is None or median <= 0 or w.gemm_gflops >= min_ratio * median:
+            if w.gemm_gflops is None:
+                continue
+            best = _best_gemm(w)
+            judged = judge(w.gemm_gflops, best, median, min_ratio)
+            if judged is Judgement.OK:
                 continue
             why = throttled.get(w.gpu, ()) if w.gpu is not None else ()
             note = f" (throttled: {clip(', '.join(why))})" if why else ""
@@ -97,48 +134,68 @@ def _gemm(reports: list[NodeReport], min_ratio: float, found: list[Finding]) -> 
                 f"{_where(w)} at {100 * w.gemm_gflops / median:.0f} % of the median GEMM rate "
                 f"({w.gemm_gflops:.1f} of {median:.1f} GFLOP/s){note}"
             )
+            slow = judged is Judgement.SLOW
+            what += "" if slow else _unconfirmed(best, median)
             found.append(
-                _finding(Check.GEMM, report.node, report.host, what, fatal=True, gpu=w.gpu)
+                _finding(Check.GEMM, report.node, report.host, what, fatal=slow, gpu=w.gpu)
             )
     return median
+
+
+def _best_gemm(w: WorkerResult) -> float:
+    return max(w.gemm_samples, default=w.gemm_gflops or 0.0)
 
 
 def _intra(reports: list[NodeReport], min_ratio: float, found: list[Finding]) -> None:
     """Each node's allreduce inside the node against the nodes' median."""
     figures = {
-        r.node: w.intra_busbw for r in reports for w in r.workers if w.intra_busbw is not None
+        r.node: (w.intra_busbw, w.intra_best or w.intra_busbw)
+        for r in reports
+        for w in r.workers
+        if w.intra_busbw is not None
     }
     if not figures:
         return
-    median = statistics.median(figures.values())
+    median = statistics.median(v for v, _ in figures.values())
     line = f"preflight: allreduce inside each node at {median:.3g} GB/s bus bandwidth (median)"
     found.append(Finding(check=Check.ALLREDUCE, line=line, fatal=False))
     for report in reports:
-        value = figures.get(report.node)
-        if value is None or median <= 0 or value >= min_ratio * median:
+        if report.node not in figures:
             continue
+        value, best = figures[report.node]
+        judged = judge(value, best, median, min_ratio)
+        if judged is Judgement.OK:
+            continue
+        slow = judged is Judgement.SLOW
         what = f"allreduce inside the node at {value:.3g} GB/s of {median:.3g} GB/s median"
-        found.append(_finding(Check.ALLREDUCE, report.node, report.host, what, fatal=True))
+        what += "" if slow else _unconfirmed(best, median)
+        found.append(_finding(Check.ALLREDUCE, report.node, report.host, what, fatal=slow))
 
 
 def _links(reports: list[NodeReport], min_ratio: float, found: list[Finding], nodes: int) -> None:
     """Every link's bus bandwidth against the median link (full). A slow link is named, not
     blamed on either end; a node whose every link is slow (of three nodes or more) is the node."""
     figures = {
-        (r.node, link.peer): link.busbw for r in reports for w in r.workers for link in w.links
+        (r.node, link.peer): (link.busbw, link.best or link.busbw)
+        for r in reports
+        for w in r.workers
+        for link in w.links
     }
     if not figures:
         return
     hosts = {r.node: clip(r.host) for r in reports}
-    median = statistics.median(figures.values())
-    slow = {pair for pair, value in figures.items() if value < min_ratio * median}
+    median = statistics.median(v for v, _ in figures.values())
+    judged = {pair: judge(*figures[pair], median, min_ratio) for pair in figures}
+    slow = {pair for pair, j in judged.items() if j is Judgement.SLOW}
     line = f"preflight: {len(figures)} links between nodes at {median:.3g} GB/s (median)"
     found.append(Finding(check=Check.LINK, line=line, fatal=False))
-    for a, b in sorted(slow):
+    for a, b in sorted(pair for pair, j in judged.items() if j is not Judgement.OK):
+        value, best = figures[(a, b)]
         what = (
             f"preflight: link {_name(a, hosts)} <-> {_name(b, hosts)} at "
-            f"{figures[(a, b)]:.3g} GB/s of {median:.3g} GB/s median"
+            f"{value:.3g} GB/s of {median:.3g} GB/s median"
         )
+        what += "" if (a, b) in slow else _unconfirmed(best, median)
         found.append(
             Finding(check=Check.LINK, line=what, fatal=False, node=a, host=hosts[a], peer=b)
         )

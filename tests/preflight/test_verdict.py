@@ -17,7 +17,7 @@ from elastic_hydra.preflight.results import (
     WorkerResult,
     read_report,
 )
-from elastic_hydra.preflight.verdict import Rating, rate
+from elastic_hydra.preflight.verdict import Judgement, Rating, judge, rate
 
 RATING = Rating(mode=PreflightMode.QUICK, min_ratio=0.8, round=3)
 
@@ -93,6 +93,85 @@ def test_a_cpu_worker_just_under_the_ratio_fails_and_one_just_over_passes() -> N
     assert strict.bad_nodes == (2, 3)
     assert "rank 2 (cpu) at 87 % of the median GEMM rate" in strict.findings[0].line
     assert strict.bad_gpus == ()
+
+
+# ------------------------------------------------------------------ noise: confirmed or kept
+def sampled(n: int, samples: list[float], *, intra: list[float] | None = None) -> NodeReport:
+    """Node n with one CPU worker whose GEMM windows measured `samples` (rate: their median)."""
+    ordered = sorted(samples)
+    worker = WorkerResult(
+        local_rank=0,
+        rank=n,
+        device="cpu",
+        gemm_gflops=ordered[len(ordered) // 2],
+        gemm_samples=tuple(samples),
+        intra_busbw=sorted(intra)[len(intra) // 2] if intra else None,
+        intra_best=max(intra) if intra else None,
+    )
+    return NodeReport(node=n, host=f"host{n}", workers=(worker,))
+
+
+HEALTHY = [100.0, 97.0, 103.0, 99.0, 101.0]
+
+
+def test_a_noisy_healthy_node_below_the_ratio_is_kept_with_a_warning() -> None:
+    # node 2 lost three of its five windows to a neighbour: median 60 %, best window 100 %
+    noisy = [40.0, 100.0, 55.0, 98.0, 60.0]
+    reports = [sampled(0, HEALTHY), sampled(1, HEALTHY), sampled(2, noisy), sampled(3, HEALTHY)]
+    verdict = rate(reports, RATING)
+    assert verdict.passed and verdict.bad_nodes == () and verdict.bad_hosts == ()
+    warning = [f for f in verdict.findings if f.node == 2]
+    assert len(warning) == 1 and not warning[0].fatal
+    assert warning[0].line == (
+        "preflight: node 2 (host2) rank 2 (cpu) at 60 % of the median GEMM rate "
+        "(60.0 of 100.0 GFLOP/s), not confirmed (best sample at 100 % of the median): kept"
+    )
+
+
+def test_a_consistently_slow_node_is_named_even_at_its_best() -> None:
+    slow = [10.0, 12.0, 9.0, 11.0, 10.5]  # a CPU quota of a tenth: slow in every window
+    reports = [sampled(0, HEALTHY), sampled(1, slow), sampled(2, HEALTHY), sampled(3, HEALTHY)]
+    verdict = rate(reports, RATING)
+    assert verdict.bad_nodes == (1,)
+    assert [f.line for f in verdict.findings if f.fatal] == [
+        "preflight: node 1 (host1) rank 1 (cpu) at 10 % of the median GEMM rate "
+        "(10.5 of 100.0 GFLOP/s)"
+    ]
+    # moderately slow (70 %) in every window is slow too: noise does not save it
+    steady = [70.0, 72.0, 69.0, 71.0, 70.0]
+    reports[1] = sampled(1, steady)
+    assert rate(reports, RATING).bad_nodes == (1,)
+
+
+def test_the_same_noisy_reports_give_the_same_verdict_on_every_node() -> None:
+    noisy = [40.0, 100.0, 55.0, 98.0, 60.0]
+    reports = [sampled(n, noisy if n == 3 else HEALTHY) for n in range(4)]
+    assert rate(reports, RATING) == rate(list(reports), RATING)
+
+
+def test_a_noisy_allreduce_inside_a_node_is_kept_and_a_slow_one_is_named() -> None:
+    good, noisy, slow = [5.0, 5.1, 4.9], [1.0, 5.0, 2.0], [0.9, 1.0, 0.8]
+    reports = [sampled(n, HEALTHY, intra=good) for n in range(3)]
+    verdict = rate([*reports, sampled(3, HEALTHY, intra=noisy)], RATING)
+    assert verdict.passed
+    assert any("inside the node at 2 GB/s" in f.line and "kept" in f.line for f in verdict.findings)
+    assert rate([*reports, sampled(3, HEALTHY, intra=slow)], RATING).bad_nodes == (3,)
+
+
+@pytest.mark.parametrize(
+    ("value", "best", "expected"),
+    [
+        (90.0, 90.0, Judgement.OK),  # at or above the ratio: no finding
+        (70.0, 95.0, Judgement.UNCONFIRMED),  # typical slow, best healthy: cannot tell
+        (70.0, 75.0, Judgement.SLOW),  # slow at its best too
+        (70.0, 80.0, Judgement.UNCONFIRMED),  # best exactly at the ratio: not below it
+        (0.0, 0.0, Judgement.SLOW),
+    ],
+)
+def test_judge_confirms_a_slow_figure_only_when_its_best_sample_is_slow_too(
+    value: float, best: float, expected: Judgement
+) -> None:
+    assert judge(value, best, 100.0, 0.8) is expected
 
 
 def test_a_node_check_problem_fails_that_node_alone() -> None:
