@@ -26,7 +26,8 @@ FOLDERS: dict[str, set[str]] = {
             "rendezvous",  # `rdzv-server` runs the store server of rendezvous/
             "observe",
             "quarantine",  # `top`
-            "schedulers"},  # `--plan` names the detected scheduler, prints manifests
+            "schedulers",  # `--plan` names the detected scheduler, prints manifests
+            "warm"},  # the entry point starts the warm template before the composition
     "torchrun": set(),
     "config": set(),
     "resolve": {"config", "schedulers"},  # rdzv=kubeflow... read their scheduler's variables
@@ -51,7 +52,7 @@ FOLDERS: dict[str, set[str]] = {
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun", "schedulers")
 PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
-             "durations", "health")  # fmt: skip
+             "durations", "health", "inherit")  # fmt: skip
 PURE_MORE = (
     "hangs.verdict",
     "rendezvous.sealed_records",

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.inherit import inherited_env
 from elastic_hydra.plan import LaunchPlan
 
 RUN_DIR = "ELASTIC_HYDRA_RUN_DIR"
@@ -35,9 +36,6 @@ DUMP_SIGNAL = int(signal.SIGRTMIN) + 4
 # The signals the agent handles (stopsignals.STOP_SIGNALS), as torchrun names them in the variable
 # its agent sets and its workers inherit (torch's process contexts in a worker read it).
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-# Never inherited from the launcher's environment: a surrounding torchrun's signal list is not
-# ours; the rendezvous secret signs the agents' records and workers never need it.
-_AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "ELASTIC_HYDRA_RDZV_SECRET")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +50,18 @@ class WorkerFiles:
     launch_time: float | None = None  # when this node's launch started (time.time())
 
 
+def inherited(plan: LaunchPlan, base: Mapping[str, str], local_rank: int) -> dict[str, str]:
+    """The half of a worker's environment it inherits (`inherit.inherited_env`) under `plan`."""
+    devices = plan.devices[local_rank] if plan.devices else None
+    return inherited_env(
+        base,
+        dict(plan.env),
+        nproc_per_node=plan.nproc_per_node,
+        cpus=len(devices.cpus) if devices is not None and devices.cpus else 0,
+        cuda_visible_devices=None if devices is None else devices.cuda_visible_devices,
+    )
+
+
 def worker_env(
     plan: LaunchPlan,
     base: Mapping[str, str],
@@ -62,20 +72,9 @@ def worker_env(
     restart_count: int,
     files: WorkerFiles,
 ) -> dict[str, str]:
-    """The complete environment of one worker (base = the agent's environment at start)."""
-    env = {k: v for k, v in base.items() if k not in _AGENT_ONLY}
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    env.update(plan.env)
-    devices = plan.devices[local_rank] if plan.devices else None
-    if "OMP_NUM_THREADS" not in env:
-        # As many threads as the worker's CPUs when it is bound; else torchrun's rule (one
-        # thread each when several workers share the machine).
-        if devices is not None and devices.cpus:
-            env["OMP_NUM_THREADS"] = str(len(devices.cpus))
-        elif plan.nproc_per_node > 1:
-            env["OMP_NUM_THREADS"] = "1"
-    if devices is not None and devices.cuda_visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = devices.cuda_visible_devices
+    """The complete environment of one worker (base = the agent's environment at start): what
+    it inherits (`inherit.inherited_env`), then the launcher's contract (`inherit.CONTRACT`)."""
+    env = inherited(plan, base, local_rank)
     env.update(
         {
             "LOCAL_RANK": str(local_rank),

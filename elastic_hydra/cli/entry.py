@@ -31,6 +31,9 @@ def main() -> NoReturn:
             from elastic_hydra.cli import quarantine
 
             sys.exit(quarantine.main(sys.argv[2:]))
+        from elastic_hydra.warm import early
+
+        early.begin(sys.argv[1:])  # the warm template imports while we compose (warm/early)
         from elastic_hydra.cli import run
 
         run.main()
@@ -58,6 +61,8 @@ def _leave(exc: SystemExit) -> NoReturn:
     code = 0 if exc.code is None else exc.code
     if not isinstance(code, int):  # sys.exit("message"): Python prints it
         raise exc
+    if (early := sys.modules.get("elastic_hydra.warm.early")) is not None:
+        early.discard()  # a template no launch claimed (a configuration error...)
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
     for stream in (sys.stdout, sys.stderr):

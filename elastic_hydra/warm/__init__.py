@@ -12,8 +12,11 @@ its own session, containment, death signal, tracebacks, hang watch, log files).
 - `pool`: the agent's side: starts the template, asks it for each worker over a socketpair
   (descriptors passed with SCM_RIGHTS) and hands `supervise` a Popen-like worker; any trouble
   turns warm starts off for the rest of the launch, with one event.
+- `early`: starts the template, from the plan, or at the agent's first instant when the command
+  line says what it needs (before Hydra's composition, so the imports overlap it); the launch
+  adopts that one only when its plan asks for exactly the same template.
 - `env`: the template's environment, the variables every worker shares (pure).
 
 Imports: workers (the spawner seam it implements, containment), agent (the worker environment)
-and the root. `launch` wires it; nothing else imports it.
+and the root. `launch` wires it; `cli.entry` calls `early` first of all.
 """

@@ -26,13 +26,13 @@ from collections.abc import Callable
 from typing import IO
 
 from elastic_hydra.plan import LaunchPlan, PythonModule, PythonScript
+from elastic_hydra.warm import early
+from elastic_hydra.warm.early import TemplateArgs
 from elastic_hydra.warm.env import template_env
 from elastic_hydra.workers.contain import is_subreaper
 from elastic_hydra.workers.spawn import WorkerProcess
 from elastic_hydra.workers.supervise import WorkerSpec
 
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "template.py")
-_BUFFER = 8 << 20  # socket buffers: one request (argv + environment) must fit in one message
 _REPLY_WAIT = 30.0  # seconds for one fork's answer (a fork takes milliseconds)
 _MAX_REPLY = 64 << 10
 
@@ -69,38 +69,18 @@ class ForkedWorker:
 class WarmPool:
     """One template per node; `spawn` forks a worker from it (None: start that one cold)."""
 
-    def __init__(
-        self,
-        *,
-        python: str,
-        bootstrap: str,
-        imports: tuple[str, ...],
-        env: dict[str, str],
-        cwd: str,
-        path0: str,
-        fallback: Callable[[str], None],
-    ) -> None:
-        self.prefix = (python, "-u", bootstrap)  # the cold argv's head that a fork replaces
+    def __init__(self, args: TemplateArgs, fallback: Callable[[str], None]) -> None:
+        self.prefix = (args.python, "-u", args.bootstrap)  # the cold argv's head a fork replaces
         self._fallback = fallback
         self._state: str | None = None  # None: not ready yet; "ready"; else why it is off
         self._proc: subprocess.Popen[bytes] | None = None
-        self._chan, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        for sock in (self._chan, theirs):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER)
         try:
-            self._proc = subprocess.Popen(
-                [python, "-u", TEMPLATE, str(os.getpid()), bootstrap, path0, *imports],
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,  # the template prints nothing; import warnings: stderr
-                env=env,
-                cwd=cwd,
-                start_new_session=True,  # a Ctrl-C at the terminal is the agent's to forward
-            )
+            template = early.claim(args) or early.spawn(args)
         except OSError as exc:
+            self._chan = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # for _off to close
             self._off(f"cannot start the template: {exc.strerror}")
-        finally:
-            theirs.close()
+            return
+        self._proc, self._chan = template.proc, template.chan
 
     @property
     def pid(self) -> int | None:
@@ -221,19 +201,14 @@ class WarmPool:
             self._stop_template()
 
 
-def start_pool(
-    plan: LaunchPlan, base: dict[str, str], cwd: str, fallback: Callable[[str], None]
-) -> WarmPool | None:
-    """The launch's template, started now, where the plan asks for warm starts (None: cold)."""
+def template_args(plan: LaunchPlan, base: dict[str, str], cwd: str) -> TemplateArgs | None:
+    """The template the plan asks for (None: its workers start cold)."""
     entry = plan.entrypoint
     if not plan.warm.imports or not isinstance(entry, PythonScript | PythonModule):
         return None
     if entry.bootstrap is None:
         return None
-    if not is_subreaper():  # a forked worker would be init's child: its exit status lost
-        fallback("the agent is not a child subreaper")
-        return None
-    return WarmPool(
+    return TemplateArgs(
         python=entry.python,
         bootstrap=entry.bootstrap,
         imports=plan.warm.imports,
@@ -243,5 +218,18 @@ def start_pool(
         path0=os.path.dirname(os.path.realpath(entry.path))
         if isinstance(entry, PythonScript)
         else cwd,
-        fallback=fallback,
     )
+
+
+def start_pool(
+    plan: LaunchPlan, base: dict[str, str], cwd: str, fallback: Callable[[str], None]
+) -> WarmPool | None:
+    """The launch's template, started now or adopted (`early.claim`), where the plan asks for
+    warm starts (None: cold)."""
+    args = template_args(plan, base, cwd)
+    if args is None:
+        return None
+    if not is_subreaper():  # a forked worker would be init's child: its exit status lost
+        fallback("the agent is not a child subreaper")
+        return None
+    return WarmPool(args, fallback)
