@@ -313,7 +313,7 @@ class Executor(CollateralWait, RoundGates):
         if ended is Ended.HUNG:  # a hang counts as a failure (exit 1) found now
             rank: int | None = None
             failure = restart_policy.Failure(
-                returncode=1, attempt_runtime=self.clock.mono() - started
+                returncode=1, attempt_runtime=self.clock.mono() - started, hung=True
             )
         else:
             cause = root_cause(self.state.exits)

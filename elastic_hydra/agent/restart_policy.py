@@ -20,6 +20,7 @@ class Failure:
 
     returncode: int  # Popen-style: >0 exit code, <0 killed by signal -returncode
     attempt_runtime: float  # seconds from the attempt's start to the failure
+    hung: bool = False  # a hang verdict (hang.action=restart), counted as exit code 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +85,7 @@ def decide(
     Returns:
         The decision, with a one-sentence reason.
     """
-    what = _describe(failure.returncode)
+    what = "a hang (counted as exit code 1)" if failure.hung else _describe(failure.returncode)
     refusal = _rule_refusal(spec, failure, what) or _limit_refusal(
         spec, what, restarts_done, restart_times, now
     )

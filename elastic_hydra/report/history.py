@@ -18,12 +18,14 @@ from rich.text import Text
 from elastic_hydra.agent.events import (
     Event,
     Finish,
+    Hang,
     MembershipChange,
     Restart,
     SignalReceived,
     WorkerExited,
     WorkersStarted,
 )
+from elastic_hydra.plan import HangAction
 from elastic_hydra.records import Ledger, Phase, RunStatus, RunSummary
 from elastic_hydra.report import goodput
 from elastic_hydra.report.notices import took
@@ -130,6 +132,8 @@ def attempts(events: Sequence[Event]) -> list[Attempt]:
             case WorkerExited() if start is not None and not failed:
                 if ev.returncode != 0 and not ev.terminated_by_launcher:
                     failed = f"rank {ev.rank} {ev.exit}"
+            case Hang() if start is not None and not failed and ev.action != HangAction.REPORT:
+                failed = f"hung: {ev.verdict}"
             case MembershipChange() if start is not None:
                 how = f"membership change: {ev.reason}"
                 if ev.collateral:

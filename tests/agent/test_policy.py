@@ -256,3 +256,14 @@ def test_results_are_frozen(value: object, field: str) -> None:
 def test_results_are_keyword_only() -> None:
     with pytest.raises(TypeError):
         Failure(1, 1.0)  # type: ignore[call-arg]
+
+
+def test_a_hang_is_named_a_hang_and_ruled_as_exit_code_1() -> None:
+    hung = Failure(returncode=1, attempt_runtime=100.0, hung=True)
+    spec = RestartSpec(max_restarts=2)
+    decision = decide(spec, hung, restarts_done=0, restart_times=(), now=1000.0, u=0.5)
+    assert decision.action is RETRY
+    assert "after a hang (counted as exit code 1)" in decision.reason
+    ruled = dataclasses.replace(spec, on_exit_code=((1, FAIL),))
+    decision = decide(ruled, hung, restarts_done=0, restart_times=(), now=1000.0, u=0.5)
+    assert decision.action is FAIL and decision.reason.startswith("a hang (counted as exit code 1)")

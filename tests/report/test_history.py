@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import signal
 
-from elastic_hydra.agent.events import Event, WorkersStarted
+from elastic_hydra.agent.events import Event, Hang, Restart, WorkersStarted
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.plan import RestartSpec
+from elastic_hydra.plan import HangAction, RestartSpec
 from elastic_hydra.report.history import attempts
 from tests.agent.test_executor import (
     ALL_SUCCEED,
@@ -46,3 +46,21 @@ def test_an_attempt_a_signal_stopped_and_one_the_timeline_lost_have_rows() -> No
     killed = WorkersStarted(wall_time=T0, mono_time=T0 + 30, pids=(1,), attempt=2)
     cut = [*h.observer.events, killed]
     assert rows(cut)[-1] == (2, "no end recorded (the agent was killed?)")
+
+
+def test_an_attempt_that_hung_says_so_not_the_restart_reason() -> None:
+    def at(t: float) -> dict[str, float]:
+        return {"wall_time": T0 + t, "mono_time": T0 + t}
+
+    events: list[Event] = [
+        WorkersStarted(**at(0), pids=(1,), attempt=0),
+        Hang(**at(5), verdict="hang after 5 s without progress", action=HangAction.RESTART,
+             idle=5.0, attempt=0),
+        Restart(**at(6), reason="restart 1 of 3 after a hang", delay=0.0, restart=1, rank=None),
+        WorkersStarted(**at(7), pids=(2,), attempt=1),
+        Hang(**at(9), verdict="hang after 2 s", action=HangAction.REPORT, idle=2.0, attempt=1),
+    ]  # fmt: skip
+    assert rows(events) == [
+        (0, "hung: hang after 5 s without progress"),
+        (1, "no end recorded (the agent was killed?)"),  # a reported hang ends nothing
+    ]
