@@ -1,10 +1,15 @@
-"""The examples the tests run, warm: the same outputs as cold.
+"""The examples the tests run, warm: the same outputs as cold (and as under torchrun).
 
 - The DDP example job (examples/jobs/ddp.yaml): a warm run that loses rank 1 at step 7 and is
   restarted from the template ends with exactly the weights of a cold run that never failed.
 - A Hydra app in the worker (tests/scripts/hydra_app.py) with Hydra imported by the template:
   every rank and attempt still gets the launch's one output dir (the bootstrap pins `${now:}`
   in a module that was imported before the script ran).
+- minGPT (examples/mingpt/: a Hydra app training a character GPT with DDP), warm with Hydra and
+  torch imported by the template and rank 1 failing once, writes the bytes of a cold run and of a
+  torchrun run; every rank and the restart use the launch's one Hydra output dir.
+- FSDP2 (examples/fsdp2_train.py: `fully_shard`, gloo) warm writes the bytes of a cold run and of
+  a torchrun run.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,8 @@ from tests.harness import launcher_env, run
 pytestmark = pytest.mark.timeout(240)
 
 JOB = "examples/jobs/ddp.yaml"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+MINGPT_CRASH_AT = 15
 STEPS, CRASH_AT = 12, 5
 DEADLINE = 200.0
 
@@ -86,3 +94,92 @@ def test_a_hydra_app_forked_warm_shares_one_output_dir(tmp_path: Path) -> None:
     assert len(records) == 4
     assert len({r["output_dir"] for r in records.values()}) == 1, records
     assert [records[f"attempt{a}_rank0"]["resumed"] for a in (0, 1)] == [False, True]
+
+
+def start(cmd: list[str], cwd: Path) -> subprocess.Popen[str]:
+    cwd.mkdir(exist_ok=True)
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def finish(jobs: dict[str, subprocess.Popen[str]]) -> dict[str, str]:
+    """Each job's output once all have ended with 0; none left running, whatever happens."""
+    outputs = {}
+    try:
+        for name, job in jobs.items():
+            outputs[name], _ = job.communicate(timeout=DEADLINE)
+            assert job.returncode == 0, f"{name}: {outputs[name]}"
+    finally:
+        for job in jobs.values():
+            if job.poll() is None:
+                job.kill()
+                job.communicate()
+    return outputs
+
+
+def run_dir_in(cwd: Path) -> Path:
+    (summary,) = cwd.glob("**/summary.json")
+    return summary.parent
+
+
+def copied_examples(tmp_path: Path) -> Path:
+    shutil.copytree(
+        REPO / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("__py*")
+    )
+    return tmp_path / "examples"
+
+
+@pytest.mark.filterwarnings("ignore:Failed to initialize NumPy")
+def test_mingpt_hydra_app_warm_with_a_restart_writes_the_bytes_of_cold_and_torchrun(
+    tmp_path: Path,
+) -> None:
+    script = copied_examples(tmp_path) / "mingpt" / "train.py"
+    cwd = {name: tmp_path / name for name in ("warm", "cold", "torchrun")}
+    launch = [*ELASTIC_HYDRA, f"script={script}", "nproc_per_node=2"]
+    warm = ["warm.imports=[torch,hydra.main]", "restart.max_restarts=1", "--"]
+    crash = f"trainer.crash_at_iter={MINGPT_CRASH_AT}"
+    here = f"hydra.run.dir={cwd['torchrun']}"
+    jobs = {
+        "warm": start([*launch, *warm, crash], cwd["warm"]),
+        "cold": start(launch, cwd["cold"]),
+        "torchrun": start([*TORCHRUN, str(script), here], cwd["torchrun"]),
+    }
+    finish(jobs)
+    finals = {"torchrun": (cwd["torchrun"] / "final.json").read_bytes()}
+    for name in ("warm", "cold"):
+        # Hydra's default `outputs/${now:...}`: one dir for both ranks and both attempts
+        (output_dir,) = (cwd[name] / "outputs").glob("*/*")
+        finals[name] = (output_dir / "final.json").read_bytes()
+    assert finals["warm"] == finals["cold"] == finals["torchrun"], finals
+    result = json.loads(finals["cold"])
+    assert result["iters"] == 40 and result["loss"] < 3.0, result  # it learnt (ln(vocab) ~ 3.6)
+
+    (warm_output,) = (cwd["warm"] / "outputs").glob("*/*")
+    run_dir = run_dir_in(cwd["warm"])
+    assert json.loads((run_dir / "summary.json").read_text())["attempts"] == 2
+    assert "warm_fallback" not in (run_dir / "events.jsonl").read_text()
+    for rank in (0, 1):  # the restarted ranks found rank 0's checkpoint in the same output dir
+        log = (run_dir / f"attempt_1/{rank}/stdout.log").read_text()
+        assert f"resumed from {warm_output / 'ckpt.pt'} at iteration" in log, log
+
+
+@pytest.mark.filterwarnings("ignore:Failed to initialize NumPy")
+def test_fsdp2_warm_writes_the_bytes_of_cold_and_torchrun(tmp_path: Path) -> None:
+    script = str(copied_examples(tmp_path) / "fsdp2_train.py")
+    cwd = {name: tmp_path / name for name in ("warm", "cold", "torchrun")}
+    launch = [*ELASTIC_HYDRA, f"script={script}", "nproc_per_node=2"]
+    jobs = {
+        "warm": start([*launch, "warm.imports=[torch]"], cwd["warm"]),
+        "cold": start(launch, cwd["cold"]),
+        "torchrun": start([*TORCHRUN, script, "--out", "final.json"], cwd["torchrun"]),
+    }
+    outputs = finish(jobs)
+    finals = {"torchrun": (cwd["torchrun"] / "final.json").read_bytes()}
+    for name in ("warm", "cold"):
+        finals[name] = (run_dir_in(cwd[name]) / "final.json").read_bytes()
+    assert finals["warm"] == finals["cold"] == finals["torchrun"], finals
+    assert json.loads(finals["cold"])["steps"] == 20
+    assert "rank 0 holds (32, 16) of (64, 16) blocks.0.up" in outputs["warm"]  # sharded
+    assert "warm_fallback" not in (run_dir_in(cwd["warm"]) / "events.jsonl").read_text()
