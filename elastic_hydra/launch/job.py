@@ -233,8 +233,13 @@ def save_config(
     }
     if planned is not None:
         saved[run.config] = planned[0]
+    texts: dict[str, str] = {}  # by repr: a job without interpolations resolves to itself
     for path, data in saved.items():
-        write_private(path, to_yaml(redact(data)))
+        masked = redact(data)
+        key = repr(masked)  # tells 1, 1.0 and True apart, as YAML does
+        if key not in texts:
+            texts[key] = to_yaml(masked)
+        write_private(path, texts[key])
     if planned is not None:
         write_private(run.plan, json.dumps(plan_dict(planned[1]), indent=2) + "\n")
 
