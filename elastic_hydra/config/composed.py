@@ -25,7 +25,6 @@ from omegaconf._utils import get_omega_conf_dumper
 from omegaconf.errors import OmegaConfBaseException
 
 from elastic_hydra.config import schema
-from elastic_hydra.config.explain import from_omegaconf, unknown_key
 from elastic_hydra.config.schema import ElasticHydraConf
 from elastic_hydra.errors import ConfigError
 
@@ -90,6 +89,8 @@ def composed_job(cfg: DictConfig) -> ComposedJob:
         # After the typed object: everything it resolved resolves again, from the same caches.
         resolved = _container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
+        from elastic_hydra.config.explain import from_omegaconf  # a mistake's words, on demand
+
         raise from_omegaconf(exc) from None
     assert isinstance(conf, ElasticHydraConf)
     return ComposedJob(
@@ -181,6 +182,8 @@ def _check_known_keys(cfg: DictConfig) -> None:
             if path in FREE_FORM:
                 continue
             if path not in known and path not in prefixes:
+                from elastic_hydra.config.explain import unknown_key
+
                 raise unknown_key(path)
             child = node._get_node(key)
             if path in prefixes and isinstance(child, DictConfig):
