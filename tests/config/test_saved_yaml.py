@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 from omegaconf import OmegaConf
 from omegaconf.errors import GrammarParseError
 

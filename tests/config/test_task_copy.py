@@ -18,17 +18,18 @@ from tests.harness import invocation
 
 def flags(cfg: DictConfig) -> list[tuple[str, object, object, object]]:
     """Every node's key, type, struct and readonly flags, depth first."""
-    found = []
+    found: list[tuple[str, object, object, object]] = []
 
     def walk(node: DictConfig, path: str) -> None:
         for key in node:
+            name = f"{path}{key!s}"
             child = node._get_node(key)
-            assert child is not None and child._get_parent() is node, f"{path}{key}"
+            assert child is not None and child._get_parent() is node, name
             meta = (OmegaConf.get_type(node, str(key)), child._get_flag("struct"),
                     child._get_flag("readonly"))  # fmt: skip
-            found.append((f"{path}{key}", *meta))
+            found.append((name, *meta))
             if isinstance(child, DictConfig):
-                walk(child, f"{path}{key}.")
+                walk(child, f"{name}.")
 
     walk(cfg, "")
     return found
