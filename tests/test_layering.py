@@ -382,3 +382,33 @@ def test_the_tests_mirror_the_folders() -> None:
     mirrored = {p.name for p in tests.iterdir() if (p / "__init__.py").exists()}
     assert mirrored == set(FOLDERS) - {ROOT}
     assert all(list((tests / name).glob("test_*.py")) for name in mirrored)
+
+
+# What only some launches need, loaded where it is used: a plain launch (`preflight=off`, no
+# ledger, no --plan) pays for none of it at start-up.
+NOT_ON_THE_LAUNCH_PATH = (
+    "elastic_hydra.cli.plan",  # --plan
+    "elastic_hydra.cli.report",  # `report`
+    "elastic_hydra.config.explain",  # a user's mistake, explained
+    "elastic_hydra.config.jobfile",  # a job file's own checks
+    "elastic_hydra.resolve.kubernetes",  # --plan=jobset|trainjob
+    "elastic_hydra.launch.preflight",  # preflight=quick|full
+    "elastic_hydra.preflight.battery",
+    "elastic_hydra.quarantine.ledger",  # quarantine.ledger=PATH
+)
+
+
+def test_a_plain_launch_loads_only_what_it_runs() -> None:
+    code = (
+        "import json, sys\n"
+        "import elastic_hydra.cli.run, elastic_hydra.launch.wiring\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('elastic_hydra.'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert "elastic_hydra.launch.job" in loaded  # not vacuous
+    assert loaded & set(NOT_ON_THE_LAUNCH_PATH) == set()

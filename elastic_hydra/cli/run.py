@@ -24,12 +24,8 @@ from typing import NoReturn, TypeVar
 from elastic_hydra import stopsignals
 from elastic_hydra.cli.argv import own_words, parse_argv
 from elastic_hydra.cli.completion import completion_args
-from elastic_hydra.cli.plan import show_plan
-from elastic_hydra.cli.report import report
 from elastic_hydra.config import boundary
-from elastic_hydra.config.explain import explain
 from elastic_hydra.config.invocation import Invocation
-from elastic_hydra.config.jobfile import check_job_file
 from elastic_hydra.errors import (
     EXIT_BUG,
     EXIT_CONFIG,
@@ -54,7 +50,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = completion_args(args)
     inv: Invocation | None = None
     try:
+        # Each subcommand's modules load when it runs: a launch does not pay for them.
         if args[:1] == ["report"]:
+            from elastic_hydra.cli.report import report
+
             sys.exit(_printing(report, args[1:]))
         if args[:1] == ["stacks"]:
             from elastic_hydra.cli import stacks
@@ -66,8 +65,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if inv.job is not None:
             if not inv.job.is_file():
                 raise ConfigError("job", "no such file", str(inv.job), "expected a job YAML file")
+            from elastic_hydra.config.jobfile import check_job_file
+
             check_job_file(str(inv.job))
         if inv.plan is not None:
+            from elastic_hydra.cli.plan import show_plan
+
             sys.exit(_printing(show_plan, inv))
         code = job.run_command(inv)
     except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
@@ -92,6 +95,8 @@ def _printing(command: Callable[[T], int], arg: T) -> int:
 
 def _fail_for(exc: Exception, inv: Invocation | None, args: Sequence[str]) -> NoReturn:
     """Bad input: one line, exit 2. The world's fault: its own line. Anything else is our bug."""
+    from elastic_hydra.config.explain import explain
+
     if (line := explain(exc, job=None if inv is None else inv.job, args=args)) is not None:
         _fail(exc, line, EXIT_CONFIG)
     if isinstance(exc, ElasticHydraError):

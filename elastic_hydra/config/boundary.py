@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -105,7 +106,7 @@ def compose(inv: Invocation) -> tuple[Composed, JobContext]:
     register()
     app = _app(inv.job_dir)
     try:
-        with _errors_raised():
+        with _errors_raised(), _parsed_once():
             cfg = _compose(app, inv, logging=False)
         return _job_view(cfg, inv)
     finally:
@@ -135,7 +136,7 @@ def sweep_jobs(inv: Invocation) -> list[tuple[Composed, JobContext]]:
     register()
     app = _app(inv.job_dir)
     try:
-        with _errors_raised():
+        with _errors_raised(), _parsed_once():
             master: DictConfig = app.compose_config(
                 inv.config_name, list(inv.overrides), RunMode.MULTIRUN, with_log_configuration=False
             )
@@ -186,7 +187,7 @@ def run(inv: Invocation, runner: JobRunner) -> list[Any]:
     if not internals_supported():
         _via_hydra_main(inv, runner)
         return []
-    with _errors_raised():
+    with _errors_raised(), _parsed_once():
         if inv.only_job_flags and not inv.multirun and _ran_once(inv, runner):
             return []
         from hydra._internal.utils import _run_hydra, get_args_parser
@@ -281,10 +282,23 @@ def _view_at(cfg: DictConfig, inv: Invocation, run_dir: str) -> tuple[Composed, 
     with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):  # as Hydra's run_job does
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
-    task_cfg = copy.deepcopy(cfg)
+    task_cfg = _copy_without_hydra(cfg)
+    return Composed(_with_script_args(task_cfg, inv)), _context(cfg.hydra, inv, Path(run_dir))
+
+
+def _copy_without_hydra(cfg: DictConfig) -> DictConfig:
+    """A deep copy of `cfg` without its `hydra` node, as Hydra's job runner makes the task's.
+
+    The `hydra` node, most of a composed config, is not copied only to be deleted: the memo
+    hands the copy the node itself (its parent is restored as the copy is made), and the
+    copy then drops it.
+    """
+    hydra_node = cfg._get_node("hydra")
+    task_cfg = copy.deepcopy(cfg, {id(hydra_node): hydra_node})
     with open_dict(task_cfg):
         del task_cfg["hydra"]
-    return Composed(_with_script_args(task_cfg, inv)), _context(cfg.hydra, inv, Path(run_dir))
+    assert hydra_node is not None and hydra_node._get_parent() is cfg
+    return task_cfg
 
 
 def _context(hc: Any, inv: Invocation, run_dir: Path) -> JobContext:
@@ -402,3 +416,27 @@ def _errors_raised() -> Iterator[None]:
 
 def _call(func: Callable[[], Any]) -> Any:
     return func()
+
+
+@contextlib.contextmanager
+def _parsed_once() -> Iterator[None]:
+    """Each interpolation's text parsed once while Hydra composes and runs a job.
+
+    OmegaConf parses a value's text with its ANTLR grammar, in pure Python, each time it checks
+    or resolves it: per launch, the run dir's four times, the help template's three (about
+    15 ms of CPU in all). A parse tree is only read (OmegaConf keeps trees while it parses
+    others), so a text's tree serves every later check; a text that fails to parse raises
+    each time, as before. Outside the supported OmegaConf, nothing changes.
+    """
+    from omegaconf import _utils, base, grammar_parser
+
+    parse = grammar_parser.parse
+    users = [m for m in (_utils, base) if getattr(m, "parse", None) is parse]
+    cached = functools.lru_cache(maxsize=256)(parse)
+    for module in users:
+        setattr(module, "parse", cached)  # noqa: B010
+    try:
+        yield
+    finally:
+        for module in users:
+            setattr(module, "parse", parse)  # noqa: B010

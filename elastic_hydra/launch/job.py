@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_hydra import stopsignals
 from elastic_hydra.config import boundary
@@ -23,11 +23,13 @@ from elastic_hydra.plan import LaunchPlan, QuarantineSpec, to_dict
 from elastic_hydra.records import JobResult, RunStatus, RunSummary, signal_name
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.report.notices import warn
-from elastic_hydra.resolve import kubernetes, timeouts
-from elastic_hydra.resolve.kubernetes import K8sSpec
+from elastic_hydra.resolve import timeouts
 from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.resolver import resolve_config
 from elastic_hydra.rundir import LOGS_ROOT, PRIVATE_DIR, RunDir, write_kept, write_private
+
+if TYPE_CHECKING:  # resolve.kubernetes loads for `--plan=jobset|trainjob` only
+    from elastic_hydra.resolve.kubernetes import K8sSpec
 
 
 class SweepStopped(BaseException):
@@ -233,8 +235,13 @@ def save_config(
     }
     if planned is not None:
         saved[run.config] = planned[0]
+    texts: dict[str, str] = {}  # by repr: a job without interpolations resolves to itself
     for path, data in saved.items():
-        write_private(path, to_yaml(redact(data)))
+        masked = redact(data)
+        key = repr(masked)  # tells 1, 1.0 and True apart, as YAML does
+        if key not in texts:
+            texts[key] = to_yaml(masked)
+        write_private(path, texts[key])
     if planned is not None:
         write_private(run.plan, json.dumps(plan_dict(planned[1]), indent=2) + "\n")
 
@@ -246,6 +253,8 @@ def pod_plan_of(job: ComposedJob, pod_env: dict[str, str]) -> LaunchPlan:
     Raises:
         ConfigError: the pods could not launch this job.
     """
+    from elastic_hydra.resolve import kubernetes
+
     return kubernetes.pod_plan(job, pod_env)
 
 
@@ -255,4 +264,6 @@ def k8s_of(job: ComposedJob, job_stem: str | None) -> K8sSpec:
     Raises:
         ConfigError: a key Kubernetes would refuse, or no image.
     """
+    from elastic_hydra.resolve import kubernetes
+
     return kubernetes.resolve_k8s(job.conf.k8s, fallback_name=kubernetes.default_name(job_stem))

@@ -16,21 +16,20 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 from elastic_hydra import stopsignals
 from elastic_hydra.agent.events import Event, WarmFallback
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
-from elastic_hydra.agent.seams import JobFailures, NodeExchange, Rendezvous
+from elastic_hydra.agent.seams import JobFailures, NodeExchange, Preflight, Rendezvous
 from elastic_hydra.errors import EXIT_BUG, ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
+from elastic_hydra.health import PreflightMode
 from elastic_hydra.launch import observing
-from elastic_hydra.launch.preflight import make_battery
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
 from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan
-from elastic_hydra.quarantine.gate import LedgerGate
 from elastic_hydra.records import FailureRecord, RunStatus, RunSummary, WorkerExit, job_root_cause
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
@@ -42,6 +41,9 @@ from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment, become_subreaper
 from elastic_hydra.workers.guard import GroupGuard
+
+if TYPE_CHECKING:  # the ledger's modules load for a job that names a ledger only
+    from elastic_hydra.quarantine.gate import LedgerGate
 
 CONSOLE_GRACE = 5.0  # seconds the final console output may wait for a stalled console
 
@@ -263,12 +265,28 @@ def _execute(
             hang=hang,
             read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
             admission=quarantine_gate(plan, os.environ),
-            preflight=make_battery(plan, run_dir, rdzv, factory, flag),
+            preflight=_battery(plan, run_dir, rdzv, factory, flag),
         ).run()
     except BaseException:
         observer.close()
         raise
     return outcome, observer
+
+
+def _battery(
+    plan: LaunchPlan,
+    run_dir: RunDir,
+    rdzv: NodesRendezvous,
+    factory: LocalWorkerFactory,
+    flag: StopFlag,
+) -> Preflight | None:
+    """The preflight battery, or None when it is off (`preflight=off`, the default): its
+    modules, and the ledger's, load only for a job that runs it."""
+    if plan.preflight.mode is PreflightMode.OFF:
+        return None
+    from elastic_hydra.launch.preflight import make_battery
+
+    return make_battery(plan, run_dir, rdzv, factory, flag)
 
 
 def quarantine_gate(plan: LaunchPlan, environ: Mapping[str, str]) -> LedgerGate | None:
@@ -278,6 +296,8 @@ def quarantine_gate(plan: LaunchPlan, environ: Mapping[str, str]) -> LedgerGate 
     GPU i): a worker must not run on a quarantined GPU because nobody said which one it takes."""
     if plan.quarantine is None:
         return None
+    from elastic_hydra.quarantine.gate import LedgerGate
+
     used = {g.index for worker in plan.devices for g in (worker.gpus or ())}
     if not plan.devices:
         used = set(range(plan.nproc_per_node))

@@ -332,6 +332,21 @@ def test_arguments_that_are_not_utf8_reach_the_script_and_every_file(work: Path,
     assert b"\xff\xfe" in plan.stdout
 
 
+def test_an_argument_omegaconf_would_refuse_reaches_the_script_and_the_saved_files(
+    work: Path,
+) -> None:
+    # `${oops` is no interpolation: the words after -- are the script's, byte for byte. The saved
+    # files once went through OmegaConf, which refused it (exit 2, a half-written .hydra/).
+    out = work / "argv.bin"
+    proc = run_raw(f"script={WORKERS / 'argv_bytes.py'}", "--", str(out), "0", "${oops", cwd=work)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert out.read_bytes() == b"${oops"
+    (run_dir,) = (p.parent for p in (work / "eh_logs").rglob("plan.json"))
+    run = RunDir(run_dir)
+    assert yaml.safe_load(run.saved_overrides.read_text())[-4:] == ["--", str(out), "0", "${oops"]
+    assert yaml.safe_load(run.config.read_text())["args"] == [str(out), "0", "${oops"]
+
+
 def test_the_config_hash_takes_any_argument_and_keeps_utf8_digests() -> None:
     raw = {"args": [os.fsdecode(b"\xff\xfe")]}
     assert config_hash(raw) != config_hash({"args": [os.fsdecode(b"\xff\xfd")]})
