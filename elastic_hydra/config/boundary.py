@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -106,7 +105,7 @@ def compose(inv: Invocation) -> tuple[Composed, JobContext]:
     register()
     app = _app(inv.job_dir)
     try:
-        with _errors_raised(), _parsed_once():
+        with _errors_raised():
             cfg = _compose(app, inv, logging=False)
         return _job_view(cfg, inv)
     finally:
@@ -136,7 +135,7 @@ def sweep_jobs(inv: Invocation) -> list[tuple[Composed, JobContext]]:
     register()
     app = _app(inv.job_dir)
     try:
-        with _errors_raised(), _parsed_once():
+        with _errors_raised():
             master: DictConfig = app.compose_config(
                 inv.config_name, list(inv.overrides), RunMode.MULTIRUN, with_log_configuration=False
             )
@@ -187,7 +186,7 @@ def run(inv: Invocation, runner: JobRunner) -> list[Any]:
     if not internals_supported():
         _via_hydra_main(inv, runner)
         return []
-    with _errors_raised(), _parsed_once():
+    with _errors_raised():
         if inv.only_job_flags and not inv.multirun and _ran_once(inv, runner):
             return []
         from hydra._internal.utils import _run_hydra, get_args_parser
@@ -416,27 +415,3 @@ def _errors_raised() -> Iterator[None]:
 
 def _call(func: Callable[[], Any]) -> Any:
     return func()
-
-
-@contextlib.contextmanager
-def _parsed_once() -> Iterator[None]:
-    """Each interpolation's text parsed once while Hydra composes and runs a job.
-
-    OmegaConf parses a value's text with its ANTLR grammar, in pure Python, each time it checks
-    or resolves it: per launch, the run dir's four times, the help template's three (about
-    15 ms of CPU in all). A parse tree is only read (OmegaConf keeps trees while it parses
-    others), so a text's tree serves every later check; a text that fails to parse raises
-    each time, as before. Outside the supported OmegaConf, nothing changes.
-    """
-    from omegaconf import _utils, base, grammar_parser
-
-    parse = grammar_parser.parse
-    users = [m for m in (_utils, base) if getattr(m, "parse", None) is parse]
-    cached = functools.lru_cache(maxsize=256)(parse)
-    for module in users:
-        setattr(module, "parse", cached)  # noqa: B010
-    try:
-        yield
-    finally:
-        for module in users:
-            setattr(module, "parse", parse)  # noqa: B010
