@@ -281,23 +281,10 @@ def _view_at(cfg: DictConfig, inv: Invocation, run_dir: str) -> tuple[Composed, 
     with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):  # as Hydra's run_job does
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
-    task_cfg = _copy_without_hydra(cfg)
-    return Composed(_with_script_args(task_cfg, inv)), _context(cfg.hydra, inv, Path(run_dir))
-
-
-def _copy_without_hydra(cfg: DictConfig) -> DictConfig:
-    """A deep copy of `cfg` without its `hydra` node, as Hydra's job runner makes the task's.
-
-    The `hydra` node, most of a composed config, is not copied only to be deleted: the memo
-    hands the copy the node itself (its parent is restored as the copy is made), and the
-    copy then drops it.
-    """
-    hydra_node = cfg._get_node("hydra")
-    task_cfg = copy.deepcopy(cfg, {id(hydra_node): hydra_node})
+    task_cfg = copy.deepcopy(cfg)
     with open_dict(task_cfg):
         del task_cfg["hydra"]
-    assert hydra_node is not None and hydra_node._get_parent() is cfg
-    return task_cfg
+    return Composed(_with_script_args(task_cfg, inv)), _context(cfg.hydra, inv, Path(run_dir))
 
 
 def _context(hc: Any, inv: Invocation, run_dir: Path) -> JobContext:
