@@ -338,15 +338,16 @@ def test_a_store_that_refuses_connections_is_one_line_soon_naming_the_bound_it_u
     endpoint = f"127.0.0.1:{free_port()}"
     with job(tmp_path, "c10d", endpoint) as j:
         started = time.monotonic()
-        j.start("nnodes=2", "nproc_per_node=1", "rdzv.is_host=false", "rdzv.join_timeout=20")
+        j.start("nnodes=2", "nproc_per_node=1", "rdzv.is_host=false", "rdzv.join_timeout=20",
+                "rdzv.connect_timeout=2")  # fmt: skip
         assert j.finish(60) == [3], j.explain()
         took = time.monotonic() - started
     text = j.agents[0].text()
-    assert took < 20, (took, text)  # rdzv.connect_timeout (10 s) after the agent's start
+    assert took < 20, (took, text)  # rdzv.connect_timeout (2 s) after the agent's start
     (line,) = [ln for ln in text.splitlines() if "rendezvous failed" in ln]
     assert line.startswith(
         f"elastic-hydra: rendezvous failed: cannot connect to the rendezvous store at {endpoint} "
-        "(connection refused; retried for rdzv.connect_timeout=10 s): start the store (an agent "
+        "(connection refused; retried for rdzv.connect_timeout=2 s): start the store (an agent "
         "with rdzv.is_host=true, or `elastic-hydra rdzv-server`) there first, or fix "
         "rdzv.endpoint ("
     ), text
