@@ -29,11 +29,14 @@ from tests.workers.test_hardening_processes import marked
 pytestmark = pytest.mark.timeout(180)
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 ROWS: list[str] = []
+TORCHRUN_GRACE = 3  # torchrun's --shutdown-timeout where the case waits for it (default 30 s)
 
 
-def launch(kind: str, tmp: Path, script: Path, *args: str) -> subprocess.Popen[bytes]:
+def launch(
+    kind: str, tmp: Path, script: Path, *args: str, torchrun: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     if kind == "torchrun":
-        cmd = [*TORCHRUN, str(script), *args]
+        cmd = [*TORCHRUN, *torchrun, str(script), *args]
     else:
         cmd = [*ELASTIC_HYDRA, f"script={script}", "nproc_per_node=2", f"logs.root={tmp}"]
         cmd += ["--", *args]
@@ -72,7 +75,10 @@ def test_a_daemon_left_by_a_worker(tmp_path: Path, kind: str) -> None:
 @pytest.mark.parametrize("kind", ["torchrun", "elastic-hydra"])
 def test_sigterm_with_a_stopped_worker(tmp_path: Path, kind: str) -> None:
     marker = f"eh-fault-{uuid.uuid4().hex}"
-    proc = launch(kind, tmp_path, WORKERS / "stop_self.py", str(tmp_path), marker)
+    # torchrun waits its whole grace for the stopped worker: 30 s by default, here the 3 s it is
+    # given. elastic-hydra keeps its default stop_grace (30 s), which it must not wait for.
+    proc = launch(kind, tmp_path, WORKERS / "stop_self.py", str(tmp_path), marker,
+                  torchrun=(f"--shutdown-timeout={TORCHRUN_GRACE}",))  # fmt: skip
     try:
         wait_for((tmp_path / "READY_1").exists, 60, "rank 1")
         wait_for(lambda: any(_state(p) == b"T" for p in marked(marker)), 20, "rank 1 to stop")
@@ -85,8 +91,9 @@ def test_sigterm_with_a_stopped_worker(tmp_path: Path, kind: str) -> None:
         took = time.monotonic() - started
     finally:
         left = reap(proc, marker)
+    grace = f" (--shutdown-timeout={TORCHRUN_GRACE})" if kind == "torchrun" else ""
     ROWS.append(f"| SIGTERM while a worker is SIGSTOPped | {kind} | exit {code} after "
-                f"{took:.1f} s, left: {len(left)} |")  # fmt: skip
+                f"{took:.1f} s{grace}, left: {len(left)} |")  # fmt: skip
     if kind == "elastic-hydra":
         assert code == 143 and took < 10 and not left
         assert_time_accounted(tmp_path)

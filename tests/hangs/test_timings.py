@@ -123,7 +123,8 @@ def test_hung_workers_that_ignore_sigterm_get_hang_grace_not_stop_grace(tmp_path
     began = time.monotonic()
     proc = run(
         f"script={WORKERS / 'sleeper.py'}", "nproc_per_node=2", "hang.timeout=1",
-        "hang.action=fail", f"stop_grace={stop_grace}", "logs.tee=false", f"logs.root={logs}",
+        "hang.action=fail", "hang.grace=2", f"stop_grace={stop_grace}", "logs.tee=false",
+        f"logs.root={logs}",
         "--", "--dir", str(ready), "--ignore-term", "all",
         cwd=tmp_path, timeout=stop_grace + 30,
     )  # fmt: skip
@@ -133,11 +134,11 @@ def test_hung_workers_that_ignore_sigterm_get_hang_grace_not_stop_grace(tmp_path
     timeline = read_events(run_dir)
     (stopping,) = [e for e in timeline if isinstance(e, Stopping)]
     finish = next(e for e in timeline if isinstance(e, Finish))
-    assert (stopping.hung, stopping.grace, stopping.workers) == (True, 5.0, 2)
-    assert 5.0 <= finish.mono_time - stopping.mono_time < stop_grace / 3
+    assert (stopping.hung, stopping.grace, stopping.workers) == (True, 2.0, 2)
+    assert 2.0 <= finish.mono_time - stopping.mono_time < stop_grace / 3
     assert took < stop_grace, f"the job took {took:.1f} s"
     line = (
-        "elastic-hydra: SIGTERM to the 2 hung worker(s), their stacks saved; SIGKILL after 5 s "
+        "elastic-hydra: SIGTERM to the 2 hung worker(s), their stacks saved; SIGKILL after 2 s "
         "(hang.grace)"
     )
     assert line in proc.stderr.splitlines(), proc.stderr

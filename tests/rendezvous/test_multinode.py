@@ -26,7 +26,7 @@ from elastic_hydra.agent.events import Event, ExitBarrier, Joining, MembershipCh
 from elastic_hydra.agent.seams import ChangeKind
 from tests.conftest import WORKERS, free_port, wait_for
 from tests.harness import ELASTIC_HYDRA, launcher_env, on_a_terminal
-from tests.multinode import FAST, Job, job, rdzv_server
+from tests.multinode import FAST, Agent, Job, job, rdzv_server
 from tests.servers import EtcdServer, etcd_server
 
 AGENT_DEADLINE = 150.0  # agents and workers each import torch: ~2 s of CPU apiece on 2 cores
@@ -338,15 +338,16 @@ def test_a_store_that_refuses_connections_is_one_line_soon_naming_the_bound_it_u
     endpoint = f"127.0.0.1:{free_port()}"
     with job(tmp_path, "c10d", endpoint) as j:
         started = time.monotonic()
-        j.start("nnodes=2", "nproc_per_node=1", "rdzv.is_host=false", "rdzv.join_timeout=20")
+        j.start("nnodes=2", "nproc_per_node=1", "rdzv.is_host=false", "rdzv.join_timeout=20",
+                "rdzv.connect_timeout=2")  # fmt: skip
         assert j.finish(60) == [3], j.explain()
         took = time.monotonic() - started
     text = j.agents[0].text()
-    assert took < 20, (took, text)  # rdzv.connect_timeout (10 s) after the agent's start
+    assert took < 20, (took, text)  # rdzv.connect_timeout (2 s) after the agent's start
     (line,) = [ln for ln in text.splitlines() if "rendezvous failed" in ln]
     assert line.startswith(
         f"elastic-hydra: rendezvous failed: cannot connect to the rendezvous store at {endpoint} "
-        "(connection refused; retried for rdzv.connect_timeout=10 s): start the store (an agent "
+        "(connection refused; retried for rdzv.connect_timeout=2 s): start the store (an agent "
         "with rdzv.is_host=true, or `elastic-hydra rdzv-server`) there first, or fix "
         "rdzv.endpoint ("
     ), text
@@ -382,13 +383,23 @@ def test_a_join_that_waits_says_for_what_and_how_long(tmp_path: Path) -> None:
 
 def test_a_join_with_the_minimum_says_it_waits_for_more_and_how_long(tmp_path: Path) -> None:
     # Both nodes are there: what the round waits for now is the last call for nodes 3 and 4
-    # (long enough for the notice 30 s into the join).
+    # (long enough for the notice 30 s into the join). Once both have said so, nodes 3 and 4
+    # come: the round is full and starts at once, rather than at the end of the last call.
+    overrides = ("nnodes=2:4", "nproc_per_node=1", "rdzv.last_call_timeout=40",
+                 "rdzv.keep_alive_interval=1", "rdzv.keep_alive_max_attempt=3")  # fmt: skip
+
+    def last_call(agent: Agent) -> list[str]:
+        return [ln for ln in agent.text().splitlines() if "last call" in ln]
+
     with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+        first = [j.start(*overrides) for _ in range(2)]
+        wait_for(lambda: all(last_call(a) for a in first), AGENT_DEADLINE, "the last call lines",
+                 detail=j.explain)  # fmt: skip
+        lines = [ln for a in first for ln in last_call(a)]  # what two nodes said, not three
         for _ in range(2):
-            j.start("nnodes=2:4", "nproc_per_node=1", "rdzv.last_call_timeout=40",
-                    "rdzv.keep_alive_interval=1", "rdzv.keep_alive_max_attempt=3")  # fmt: skip
-        assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
-    lines = [ln for a in j.agents for ln in a.text().splitlines() if "last call" in ln]
+            j.start(*overrides)
+        assert j.finish(AGENT_DEADLINE) == [0, 0, 0, 0], j.explain()
+    assert len(j.world(4)) == 4, j.records()  # the round the last call waited for
     assert lines, j.explain()
     for line in lines:
         assert line.startswith("elastic-hydra: 2 of 4 node(s) joined the c10d rendezvous"), line
