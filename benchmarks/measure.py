@@ -291,7 +291,8 @@ def _workers(node_dirs: list[Path], stamps: Path) -> list[list[int]] | None:
     stamped = {read_stamp(path)[1] for path in stamps.glob("start_*")}
     pids = []
     for node_dir in node_dirs:
-        match list(_events(node_dir))[-2:]:
+        ends = ("rendezvous", "workers_started", "worker_exited")  # not hang_watch and the like
+        match [e for e in _events(node_dir) if e.get("event") in ends][-2:]:
             case [{"event": "rendezvous", "nodes": n}, {"event": "workers_started", "pids": p}]:
                 if n != len(node_dirs) or not stamped.issuperset(p):
                     return None
