@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_hydra.records import RunSummary
-from elastic_hydra.walltime import Phase
+from elastic_hydra.records import Phase, RunSummary
 from tests.conftest import ELASTIC_HYDRA, WORKERS, wait_for
 from tests.workers.test_hardening_processes import marked
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from elastic_hydra.records import JobResult
+from elastic_hydra.records import JobResult, Phase
 from elastic_hydra.report.timeline import EXIT_COLOURS, WIDTH, document, esc
-from elastic_hydra.walltime import Phase
 
 LABEL, ROW, TOP = 150, 22, 26
 STATE_COLOURS = {

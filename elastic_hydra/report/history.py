@@ -26,7 +26,7 @@ from elastic_hydra.agent.events import (
     WorkersStarted,
 )
 from elastic_hydra.plan import HangAction
-from elastic_hydra.records import RunStatus, RunSummary
+from elastic_hydra.records import Ledger, Phase, RunStatus, RunSummary
 from elastic_hydra.report import goodput
 from elastic_hydra.report.notices import took
 from elastic_hydra.report.render import (
@@ -38,7 +38,6 @@ from elastic_hydra.report.render import (
     preflight_section,
     show,
 )
-from elastic_hydra.walltime import Ledger, Phase
 
 
 def print_report(summary: RunSummary, events: Sequence[Event]) -> None:

@@ -12,13 +12,13 @@ from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.plan import Command, LaunchPlan, PythonModule, PythonScript
 from elastic_hydra.records import (
     FailureRecord,
+    Ledger,
     RunStatus,
     RunSummary,
     job_root_cause,
     signal_name,
 )
 from elastic_hydra.report import goodput
-from elastic_hydra.walltime import Ledger
 
 
 def summarize(

@@ -29,9 +29,8 @@ from elastic_hydra.agent.events import (
     WorkerExited,
     WorkersStarted,
 )
-from elastic_hydra.records import RunStatus, RunSummary
+from elastic_hydra.records import Ledger, Phase, RunStatus, RunSummary
 from elastic_hydra.report import goodput
-from elastic_hydra.walltime import Ledger, Phase
 
 WIDTH, LABEL, ROW, TOP = 1100, 190, 18, 24  # svg px: width, label column, row height, axis band
 PHASE_COLOURS = {

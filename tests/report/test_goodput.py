@@ -15,10 +15,9 @@ from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import ChangeKind
 from elastic_hydra.gpus import Gpu, WorkerDevices
 from elastic_hydra.plan import HangAction
-from elastic_hydra.records import RunSummary
+from elastic_hydra.records import Ledger, Phase, RunSummary
 from elastic_hydra.report import goodput
 from elastic_hydra.report.summary import node_ledger
-from elastic_hydra.walltime import Ledger, Phase
 from tests.conftest import WORKERS
 from tests.harness import plan_of, run
 
