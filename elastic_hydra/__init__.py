@@ -17,5 +17,5 @@ The folders, from the user down (each `__init__` says what it owns):
 
 The modules at the root are the shared words every folder may use: `errors`, `plan`,
 `records`, `jsonrecord`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `slurm`,
-`durations`, `inherit`.
+`durations`.
 """

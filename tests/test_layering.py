@@ -52,7 +52,7 @@ FOLDERS: dict[str, set[str]] = {
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
 PURE_FOLDERS = ("agent", "torchrun", "schedulers")
 PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
-             "durations", "health", "inherit")  # fmt: skip
+             "durations", "health")  # fmt: skip
 PURE_MORE = (
     "hangs.verdict",
     "rendezvous.sealed_records",

@@ -13,6 +13,8 @@ processes (`launch.wiring`) and against fakes with a fake clock (the executor te
   would change the answer.
 - `worker_env`: each worker's environment (torchrun's contract plus ours), a pure function of
   the plan, the rendezvous result and the attempt.
+- `inherit`: the half of that environment a worker inherits from the agent's, and the names of
+  the launcher's contract; it imports nothing, so the warm template's first instant can use it.
 - `events`: the run's timeline, one typed record per event.
 - `outcome`: how the whole run ended: its workers' exits and failure records (the root's
   `records`; a failed worker's files are read once, through a seam, when its exit is seen).

@@ -12,8 +12,8 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from elastic_hydra.agent.inherit import inherited_env
 from elastic_hydra.agent.seams import NodeAssignment
-from elastic_hydra.inherit import inherited_env
 from elastic_hydra.plan import LaunchPlan
 
 RUN_DIR = "ELASTIC_HYDRA_RUN_DIR"

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from elastic_hydra.inherit import CONTRACT, inherited_env
+from elastic_hydra.agent.inherit import CONTRACT, inherited_env
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "template.py")
 # As resolve.entry.BOOTSTRAP (the claim compares them): the worker's bootstrap, run by path.

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from elastic_hydra.agent.inherit import CONTRACT
 from elastic_hydra.agent.worker_env import inherited
-from elastic_hydra.inherit import CONTRACT
 from elastic_hydra.plan import LaunchPlan
 
 

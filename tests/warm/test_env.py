@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from elastic_hydra.agent.inherit import CONTRACT
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.agent.worker_env import RUN_DIR, WorkerFiles, inherited, worker_env
 from elastic_hydra.gpus import WorkerDevices
-from elastic_hydra.inherit import CONTRACT
 from elastic_hydra.plan import Endpoint
 from elastic_hydra.warm.env import template_env
 from tests.conftest import WORKERS

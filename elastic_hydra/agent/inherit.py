@@ -5,7 +5,7 @@ environment with the job's `env.*` on top and the thread and device defaults: th
 the launcher's contract (ranks, sizes, master, attempt, run files: `CONTRACT`), which differs
 between workers or attempts and always wins. The warm template (`warm/`) imports with the
 inherited half of the workers, before the plan exists when it can: this module imports nothing
-of the package, so the agent's first instant can use it.
+but the standard library, so the agent's first instant can use it.
 """
 
 from __future__ import annotations
