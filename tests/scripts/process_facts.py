@@ -28,7 +28,24 @@ def dispositions() -> dict[str, str]:
     return found
 
 
+def watcher_started(deadline: float = 10.0) -> None:
+    """Wait until the launcher's progress watcher (a thread of this process) wrote its first note:
+    until then it may be importing `ctypes`, and a file it has open is not one of the worker's."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").endswith("/progress"):
+                break
+        except OSError:
+            continue
+    else:
+        return  # no watcher in this worker
+    end = time.monotonic() + deadline
+    while os.fstat(int(name)).st_size == 0 and time.monotonic() < end:
+        time.sleep(0.005)
+
+
 def descriptors() -> dict[str, str]:
+    watcher_started()
     fds = {}
     for name in os.listdir("/proc/self/fd"):
         try:
