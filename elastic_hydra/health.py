@@ -65,6 +65,10 @@ class PreflightVerdict(JsonRecord):
     gemm_median: float | None = None  # GFLOP/s per worker
     allreduce_busbw: float | None = None  # GB/s across nodes (None: one node)
     seconds: float = 0.0  # this node's time in the battery
+    # What this node put into the quarantine ledger for itself (`node-3`, `node-3 gpu 5`), and
+    # until when (epoch s): only on the bad node, only with quarantine.ledger set.
+    quarantined: tuple[str, ...] = ()
+    quarantined_until: float | None = None
 
     @property
     def passed(self) -> bool:

@@ -4,6 +4,7 @@ its preflight puts itself into the ledger (see `quarantine.from_verdict` for why
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -15,7 +16,7 @@ from elastic_hydra.launch.worker_factory import LocalWorkerFactory, host_name
 from elastic_hydra.plan import Dynamic, LaunchPlan, QuarantineSpec
 from elastic_hydra.preflight.battery import Battery, NodeSetup, ProbeStarter
 from elastic_hydra.quarantine.from_verdict import entries, quarantined_line
-from elastic_hydra.quarantine.ledger import Ledger, LedgerError
+from elastic_hydra.quarantine.ledger import Ledger, LedgerError, QuarantineEntry
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.stopsignals import StopFlag
@@ -86,11 +87,20 @@ class Quarantining:
         self.clock = clock
 
     def check(self, node: NodeAssignment, attempt: int, restart_count: int) -> PreflightVerdict:
+        """The battery's verdict; on the node it names, with what this node put into the ledger
+        (`summary.json` says so, not only the console)."""
         verdict = self.battery.check(node, attempt, restart_count)
-        self.quarantine(verdict, node.group_rank)
-        return verdict
+        added = self.quarantine(verdict, node.group_rank)
+        if not added:
+            return verdict
+        return dataclasses.replace(
+            verdict,
+            quarantined=tuple(e.target for e in added),
+            quarantined_until=max(e.until for e in added),
+        )
 
-    def quarantine(self, verdict: PreflightVerdict, node_rank: int) -> None:
+    def quarantine(self, verdict: PreflightVerdict, node_rank: int) -> list[QuarantineEntry]:
+        """This node's entries after `verdict`, written to the ledger; [] when none were."""
         ledger, cooldown = self.spec.ledger, self.spec.cooldown
         try:
             added = entries(
@@ -101,6 +111,7 @@ class Quarantining:
                 Ledger(Path(ledger), warn=self.warn, clock=self.clock).add(added)
         except (LedgerError, ValueError) as exc:
             self.warn(f"this node failed its preflight but was not quarantined: {exc}")
-            return
+            return []
         if added:
             self.say(quarantined_line(added, ledger=ledger, cooldown=cooldown))
+        return added

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -106,10 +106,18 @@ def _print(out: Console, *renderables: RenderableType) -> None:
 
 
 def preflight_section(found: PreflightVerdict | None) -> list[RenderableType]:
-    """The preflight verdict's lines: a failed check in red, the round's figures plain."""
+    """The preflight verdict's lines: a failed check in red, the round's figures plain, then what
+    this node put into the quarantine ledger."""
     if found is None:
         return []
-    return [Text(f.line, style="red" if f.fatal else "") for f in found.findings]
+    lines: list[RenderableType] = [
+        Text(f.line, style="red" if f.fatal else "") for f in found.findings
+    ]
+    if found.quarantined and found.quarantined_until is not None:
+        until = datetime.fromtimestamp(found.quarantined_until, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        what = ", ".join(found.quarantined)
+        lines.append(Text(f"quarantined {what} until {until} (this node, in quarantine.ledger)"))
+    return lines
 
 
 def outcome_report(

@@ -90,14 +90,22 @@ def test_a_fixed_size_job_with_a_read_only_path_on_one_node_stops_before_the_scr
     assert "fewer than the nnodes minimum 2" in healthy["message"]
     (finding,) = [f for f in healthy["preflight"]["findings"] if f["fatal"]]
     assert finding["check"] == "path" and finding["node"] == bad["preflight"]["bad_nodes"][0]
-    assert healthy["preflight"] == bad["preflight"] | {"seconds": healthy["preflight"]["seconds"]}
+    # One verdict on both nodes; what is this node's own: its time, what it put into the ledger.
+    own = ("seconds", "quarantined", "quarantined_until")
+    assert healthy["preflight"] == bad["preflight"] | {k: healthy["preflight"][k] for k in own}
+    assert (healthy["preflight"]["quarantined"], bad["preflight"]["quarantined"]) == (
+        [],
+        [socket.gethostname()],
+    )
     assert data.stat().st_mode and not list(data.iterdir())  # writable here, nothing left in it
     # The bad node, and it alone, put itself into the ledger and said so.
     (entry,) = Ledger(ledger).active(0)
     assert (entry.host, entry.gpu, entry.job) == (socket.gethostname(), None, j.run_id)
     assert named in entry.reason
-    said = [["quarantined " in ln for ln in a.text().splitlines()].count(True) for a in j.agents]
+    line = "elastic-hydra: quarantined "
+    said = [[ln.startswith(line) for ln in a.text().splitlines()].count(True) for a in j.agents]
     assert said == [0, 1], j.explain()
+    assert bad["preflight"]["quarantined_until"] == entry.until
 
 
 @contextlib.contextmanager

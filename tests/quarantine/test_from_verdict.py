@@ -3,6 +3,7 @@ launch's wrapper that writes them after the battery, a failed write costing one 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from elastic_hydra.agent.seams import NodeAssignment
@@ -103,17 +104,20 @@ def test_the_bad_node_writes_the_ledger_after_its_battery(tmp_path: Path) -> Non
         q, said, warned = wrapped(ledger, v)
         assert q.check(node(rank), 0, 0) is v and said == warned == [] and not ledger.exists()
     q, said, warned = wrapped(ledger, v)
-    assert q.check(node(1), 0, 0) is v
+    found = q.check(node(1), 0, 0)
     (entry,) = Ledger(ledger, clock=lambda: NOW).active(NOW)
     assert (entry.host, entry.gpu, entry.reason) == ("node-1", None, "disk full")
     assert entry.job == "run-7"
     assert warned == [] and said == [quarantined_line([entry], ledger=str(ledger), cooldown=HOUR)]
+    # The bad node's verdict (its summary.json) says what it put into the ledger, until when.
+    assert (found.quarantined, found.quarantined_until) == (("node-1",), NOW + HOUR)
+    assert dataclasses.replace(found, quarantined=(), quarantined_until=None) == v
 
 
 def test_a_ledger_that_cannot_be_written_is_one_warning_not_a_crash(tmp_path: Path) -> None:
     v = verdict(finding(1, "disk full"))
     q, said, warned = wrapped(tmp_path / "missing-dir" / "q.json", v)
-    assert q.check(node(1), 0, 0) is v
+    assert q.check(node(1), 0, 0) is v  # nothing quarantined: the verdict as the battery gave it
     assert said == [] and len(warned) == 1
     assert warned[0].startswith("this node failed its preflight but was not quarantined: ")
     assert "cannot be changed" in warned[0]

@@ -54,6 +54,14 @@ def test_a_node_that_fails_preflight_is_kept_out_of_the_next_job_until_cleared(
     assert f"(quarantine.cooldown=2h) in {ledger}" in said
     assert said.endswith(f"elastic-hydra quarantine clear {host} --ledger {ledger}")
     assert ledger.stat().st_mode & 0o777 == 0o600
+    (path,) = root.glob(
+        "**/summary.json"
+    )  # the bad node's own record says it, not only its console
+    verdict = RunSummary.from_json(json.loads(path.read_text())).preflight
+    assert verdict is not None
+    assert (verdict.quarantined, verdict.quarantined_until) == ((host,), entry.until)
+    (closing,) = [ln for ln in out.splitlines() if ln.startswith(f"quarantined {host} until ")]
+    assert closing.endswith(" UTC (this node, in quarantine.ledger)"), out  # its closing report
 
     code, out, root = launch(tmp_path, "second", ledger)  # preflight off: the ledger alone
     assert code == EXIT_QUARANTINED, out
