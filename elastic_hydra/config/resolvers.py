@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -59,10 +60,26 @@ def _logs_root(root: object) -> str:
     return str(root)
 
 
+# The runs `_launch_name` named in this process: name -> the instant (epoch s) it is made of.
+_named: dict[str, float] = {}
+
+
 def _launch_name() -> str:
     """A plain run's directory under logs.root: `DATE/TIME_HOST`, unique per launch; inside a
     Slurm step `slurm/JOBID.STEPID`, the same on every node (each writes in its own subdir)."""
     step = slurm.step_dir_name(os.environ)
     if step is not None:
         return f"slurm/{step}"
-    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f") + f"_{socket.gethostname()}"
+    now = time.time()
+    name = datetime.fromtimestamp(now).strftime("%Y-%m-%d/%H-%M-%S-%f") + f"_{socket.gethostname()}"
+    _named[name] = now
+    return name
+
+
+def named_at(run_dir: str) -> float | None:
+    """The instant whose date and time name `run_dir` (or the run dir it is a node's subdir of),
+    if this process named it; None otherwise (a Slurm step, a sweep's job, another process).
+    The launch's time the workers get (`${now:}` of a Hydra app in them) is this one, so their
+    output dir and the run dir read the same second."""
+    path = Path(run_dir).as_posix()
+    return next((t for name, t in _named.items() if f"/{name}" in path), None)

@@ -23,6 +23,7 @@ from elastic_hydra.agent.events import Event, WarmFallback
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import JobFailures, NodeExchange, Preflight, Rendezvous
+from elastic_hydra.config import resolvers
 from elastic_hydra.errors import EXIT_BUG, ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.health import PreflightMode
@@ -342,7 +343,8 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     contain = Containment(str(run_dir.root))
     guard = GroupGuard(contain)
     factory = LocalWorkerFactory(
-        plan, run_dir, flag, guard, contain, launch_time=started_at, warm_fallback=events.cold
+        plan, run_dir, flag, guard, contain, warm_fallback=events.cold,
+        launch_time=resolvers.named_at(plan.run_dir) or started_at,
     )  # fmt: skip
     try:
         with handle_signals(flag):

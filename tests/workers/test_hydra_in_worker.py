@@ -39,6 +39,11 @@ def test_every_rank_and_attempt_of_a_hydra_app_shares_one_output_dir(tmp_path: P
     assert Path(output) == tmp_path / "outputs" / when
     assert [records[f"attempt{a}_rank0"]["resumed"] for a in (0, 1)] == [False, True]
     assert sorted(p.name for p in (tmp_path / "outputs").glob("*/*")) == [when.split("/")[1]]
+    # ... which is the instant the run dir is named after, to the microsecond: both dirs read the
+    # same second, though the agent took it before its composition ended and the workers started.
+    (summary,) = (tmp_path / "eh_logs").rglob("summary.json")
+    named = datetime.fromtimestamp(float(launched)).strftime("%Y-%m-%d/%H-%M-%S-%f")
+    assert summary.parent.relative_to(tmp_path / "eh_logs").as_posix().startswith(f"{named}_")
 
 
 def test_a_hydra_app_can_put_its_output_dir_in_the_run_dir(tmp_path: Path) -> None:
