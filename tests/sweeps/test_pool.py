@@ -226,8 +226,10 @@ if os.environ.get("LOCAL_RANK", "0") == "0":
         "start": time.time(),
         "pids": [os.getpid(), os.getppid()],  # the worker and its agent
     }
-    with open(os.path.join(out, tag + ".json"), "w") as f:
+    part = os.path.join(out, tag + ".part")
+    with open(part, "w") as f:
         json.dump(record, f)
+    os.replace(part, os.path.join(out, tag + ".json"))  # the test reads it whole or not at all
 deadline = time.monotonic() + 30
 while len([n for n in os.listdir(out) if n.endswith(".json")]) < need:
     if time.monotonic() > deadline:
