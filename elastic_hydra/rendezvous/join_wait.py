@@ -53,14 +53,20 @@ class JoinWait:
 
         thread = threading.Thread(target=target, name=f"rendezvous-{what}", daemon=True)
         thread.start()
-        started, notice_at = time.monotonic(), WAIT_NOTICES[0]
+        # The clock starts again when torch's handler exists: its join (and join_timeout) starts
+        # then, after the import of torch and the connection, which may take seconds of their own.
+        started, notice_at, joining = time.monotonic(), WAIT_NOTICES[0], False
         shown = False
         try:
             while thread.is_alive():
                 thread.join(0.05)
                 if self.interrupt.signum is not None:
                     raise RendezvousError(f"stopped by a signal during the rendezvous {what}")
-                waited = time.monotonic() - started
+                now = time.monotonic()
+                if not joining and self.handler is not None:
+                    started, joining = now, True
+                    notice_at = 1.0 if shown else WAIT_NOTICES[0]
+                waited = now - started
                 if what != "join" or waited < notice_at:
                     continue
                 if self.status is not None:  # a terminal: one line, updated every second

@@ -174,7 +174,8 @@ def test_survivors_whose_collectives_a_dead_node_broke_spend_no_restart(tmp_path
     for agent in j.agents[:2]:
         summary = agent.summary()
         assert (summary["status"], summary["restarts"]) == ("succeeded", 0), summary
-        broken = [e for e in summary["exits"] if e["returncode"] not in (0, -signal.SIGTERM)]
+        broken = [e for e in summary["exits"]
+                  if e["returncode"] != 0 and not e["terminated_by_launcher"]]  # fmt: skip
         assert broken and all(e["after_node_loss"] for e in broken), summary["exits"]
 
 

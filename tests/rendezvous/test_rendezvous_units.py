@@ -30,6 +30,7 @@ from elastic_hydra.records import (
     job_root_cause,
     lost_a_peer,
 )
+from elastic_hydra.rendezvous import join_wait
 from elastic_hydra.rendezvous.store_keys import (
     ASSIGNED_RANKS,
     NODE_FACTS,
@@ -48,7 +49,7 @@ from elastic_hydra.rendezvous.store_keys import (
 from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
 from elastic_hydra.rendezvous.torch_handler import _wait_for_store, guarded, reason
 from tests.agent.test_executor import FakeStop, make_plan
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 
 def test_ranks_are_contiguous_per_node_in_node_rank_order() -> None:
@@ -465,6 +466,27 @@ def test_while_the_store_refuses_connections_the_wait_names_it_and_the_bound_it_
         "elastic-hydra: waiting for the rendezvous store at node0:29400 to accept connections "
         "(connection refused): 5 s of rdzv.connect_timeout=10 s"
     )
+
+
+def test_the_join_notices_count_from_torchs_join_not_from_the_import_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first notice comes while torch loads; once its handler exists, the join (and its
+    # join_timeout) starts: the next notice comes one first-notice delay later, not at 30 s.
+    monkeypatch.setattr(join_wait, "WAIT_NOTICES", (0.3, 30.0, 60.0))
+    rdzv, lines = joining(None, NodeRange(min=2, max=2)), []
+    rdzv.say = lines.append
+
+    def join() -> str:
+        wait_for(lambda: lines, 10, "the notice while torch loads")
+        rdzv.handler = FakeHandler(State(participants={A: 0}), A)
+        wait_for(lambda: len(lines) == 2, 10, "the notice of torch's join")
+        return "joined"
+
+    assert rdzv._blocking(join, "join") == "joined"
+    assert lines[0].startswith("elastic-hydra: loading torch, connecting to the c10d"), lines
+    assert lines[1].endswith("1 of 2 node(s) joined the c10d rendezvous 'test-run' at "
+                             "node0:29400; 0 s of rdzv.join_timeout=600 s"), lines  # fmt: skip
 
 
 def test_a_store_that_refuses_is_retried_for_its_bound_then_named() -> None:

@@ -53,6 +53,8 @@ def test_top_reads_every_nodes_ranks_from_the_store_and_shows_a_killed_node_stal
         assert snap is not None
         assert snap["phase"] == "running" and snap["ignored"] == 0
         assert not any(n["stale"] for n in snap["nodes"])
+        # A rank counts as running once started, maybe before its script wrote its pid.
+        wait_for(lambda: len(list(j.out.glob("*.ready"))) == 4, 60, "four ranks' pids")
         pids = {p.read_text() for p in j.out.glob("*.ready")}
         assert {str(w["pid"]) for n in snap["nodes"] for w in n["workers"]} == pids
 

@@ -6,7 +6,6 @@ one loopback address per pod, the manifest's failure policies applied to the pod
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +87,10 @@ def test_an_elastic_jobset_survives_the_loss_of_a_pod(tmp_path: Path) -> None:
     assert len(done) == 4, ctl.explain()  # the lost pod wrote none
     for summary in done:
         assert (summary["status"], summary["restarts"]) == ("succeeded", 0), summary
-    broken = [e for s in done for e in s["exits"] if e["returncode"] not in (0, -signal.SIGTERM)]
+    # A worker the launcher stopped for the re-join may still exit 1 (its collective broke as a
+    # peer on another pod was stopped first): it is the launcher's doing, not a failure.
+    broken = [e for s in done for e in s["exits"]
+              if e["returncode"] != 0 and not e["terminated_by_launcher"]]  # fmt: skip
     assert broken and all(e["after_node_loss"] for e in broken), broken
 
 

@@ -3,7 +3,8 @@
 Joins the job through env:// (as a torchrun worker), all_reduces RANK + 1 and appends
 {rank, world_size, sum, ...} to `$OUT_DIR/records.jsonl`. Then:
 - FAIL_RANK=R: rank R raises ValueError("boom from rank R") on its first attempt, after the
-  all_reduce, leaving the file `$OUT_DIR/failed`; only workers started after that may exit 0;
+  all_reduce and once every rank of its round wrote its record, leaving the file
+  `$OUT_DIR/failed`; only workers started after that may exit 0;
 - it exits 0 when WORLD_SIZE == EXIT_AT_WORLD and the file $RELEASE (if set) exists;
 - LOOP=1: it keeps all_reducing meanwhile (every rank leaves together), so a peer that dies
   makes it fail, as a training loop would;
@@ -30,6 +31,19 @@ def released(world_size: int, after_failure: bool) -> bool:
         return False
     release = os.environ.get("RELEASE")
     return release is None or Path(release).exists()
+
+
+def wait_for_peers(path: Path, mine: dict[str, object]) -> None:
+    """Until every rank of this round wrote its record (at most 30 s): a failure that stops them
+    must not cost a peer its line."""
+    keys = ("restart_count", "world_size", "master")  # torchrun nodes have no attempt
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lines = [json.loads(ln) for ln in path.read_text().splitlines() if ln.endswith("}")]
+        peers = [r for r in lines if all(r[k] == mine[k] for k in keys)]
+        if len(peers) >= int(str(mine["world_size"])):
+            return
+        time.sleep(0.01)
 
 
 def main() -> int:
@@ -60,6 +74,7 @@ def main() -> int:
     with open(Path(env["OUT_DIR"]) / "records.jsonl", "a") as out:
         out.write(json.dumps(record) + "\n")  # one short write: lines never interleave
     if env.get("FAIL_RANK") == str(rank) and record["restart_count"] == 0:
+        wait_for_peers(Path(env["OUT_DIR"]) / "records.jsonl", record)
         failed_marker.touch()
         raise ValueError(f"boom from rank {rank}")
     deadline = time.monotonic() + 120

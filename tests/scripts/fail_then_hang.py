@@ -18,7 +18,9 @@ from pathlib import Path
 def main() -> int:
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     rank, local_rank = os.environ["RANK"], int(os.environ["LOCAL_RANK"])
-    Path(os.environ["OUT_DIR"], f"{attempt}.{rank}.ready").write_text(str(os.getpid()))
+    ready = Path(os.environ["OUT_DIR"], f"{attempt}.{rank}.ready")
+    ready.with_suffix(".tmp").write_text(str(os.getpid()))
+    ready.with_suffix(".tmp").replace(ready)  # a test that polls reads it whole or not at all
     if attempt == 0 and local_rank == int(os.environ["LOCAL_WORLD_SIZE"]) - 1:
         return 3
     time.sleep(120)

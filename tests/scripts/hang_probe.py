@@ -21,7 +21,9 @@ from pathlib import Path
 
 def main() -> None:
     mode = sys.argv[1 + int(os.environ["LOCAL_RANK"])]
-    Path(os.environ["OUT_DIR"], f"{os.environ['RANK']}.ready").write_text(str(os.getpid()))
+    ready = Path(os.environ["OUT_DIR"], f"{os.environ['RANK']}.ready")
+    ready.with_suffix(".tmp").write_text(str(os.getpid()))
+    ready.with_suffix(".tmp").replace(ready)  # a test that polls reads it whole or not at all
     what, _, arg = mode.partition(":")
     if what == "wait":
         read_end, _write_end = os.pipe()
