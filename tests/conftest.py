@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import contextlib
 import os
 import socket
 import subprocess
@@ -70,6 +71,16 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=True)
 
 
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of `procs` still running and not zombies (one that ends meanwhile is not)."""
+    found = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+    return found
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes() -> Iterator[None]:
     """Fail any test that leaves a descendant of this process alive (and kill it)."""
@@ -77,11 +88,7 @@ def no_leftover_processes() -> Iterator[None]:
     before = {p.pid for p in me.children(recursive=True)}
 
     def leftovers() -> list[psutil.Process]:
-        return [
-            p
-            for p in me.children(recursive=True)
-            if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        ]
+        return alive([p for p in me.children(recursive=True) if p.pid not in before])
 
     yield
     try:

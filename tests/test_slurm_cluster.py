@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from tests import slurm_cluster as cluster_module
-from tests.conftest import wait_for
+from tests.conftest import alive, wait_for
 from tests.slurm_cluster import SlurmCluster, find_binaries
 
 STEP_TIMEOUT = 60.0
@@ -105,7 +105,7 @@ def test_scancel_ends_a_running_step(slurm: SlurmCluster) -> None:
             srun.communicate()
     assert srun.returncode != 0, err
     wait_for(lambda: not job_processes(job_id), QUEUE_TIMEOUT, "the job's processes to end")
-    assert not [t for t in tasks if t.is_running() and t.status() != psutil.STATUS_ZOMBIE]
+    assert not alive(tasks)
 
 
 def test_queue_is_empty(slurm: SlurmCluster) -> None:

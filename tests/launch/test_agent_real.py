@@ -287,7 +287,7 @@ def test_grandchildren_die_with_their_worker(tmp_path: Path) -> None:
     with started(
         f"script={SLEEPER}",
         "nproc_per_node=2",
-        "stop_grace=5",
+        "stop_grace=20",
         "--",
         "--dir",
         str(markers),
@@ -310,9 +310,9 @@ def test_grandchildren_die_with_their_worker(tmp_path: Path) -> None:
         finally:
             kill_leftovers(marker_pids(markers))
     assert agent.returncode == 1, err.decode(errors="replace")
-    # SIGTERM ends both at once: nothing may wait for the 5 s grace (nor for someone to reap the
+    # SIGTERM ends both at once: nothing may wait for the 20 s grace (nor for someone to reap the
     # grandchild's zombie: this machine's pid 1 does so only every ~2 s).
-    assert took < 4, f"stopping took {took:.1f} s"
+    assert took < 10, f"stopping took {took:.1f} s"
     result = summary(find_run_dir(tmp_path / "eh_logs"))
     assert result["stuck_pids"] == []
 
@@ -505,7 +505,7 @@ def test_sigterm_during_restart_backoff_exits_at_once(tmp_path: Path) -> None:
         _, err = agent.communicate(timeout=20)
         took = time.monotonic() - began
     assert agent.returncode == 143, err.decode(errors="replace")
-    assert took < 5, f"the agent took {took:.1f} s to leave a 30 s backoff"
+    assert took < 10, f"the agent took {took:.1f} s to leave a 30 s backoff"
     assert b"Traceback" not in err
     assert summary(run_dir)["status"] == "stopped"
     events = kinds(read_events(run_dir))

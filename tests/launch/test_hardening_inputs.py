@@ -200,7 +200,12 @@ def test_a_run_dir_removed_mid_run_keeps_the_jobs_exit_code(work: Path) -> None:
             )
 
         wait_for(started, 20, "the worker's first line")
-        shutil.rmtree(work / "eh_logs")
+
+        def removed() -> bool:  # the agent may write a file in it meanwhile (its status)
+            shutil.rmtree(work / "eh_logs", ignore_errors=True)
+            return not (work / "eh_logs").exists()
+
+        wait_for(removed, 10, "the run dir to be removed")
         go.touch()
         _, err = proc.communicate(timeout=TIMEOUT)
     finally:

@@ -268,7 +268,7 @@ def test_a_real_run_with_a_restart_and_a_hang_adds_up_to_its_wall_time(tmp_path:
     assert led.seconds(Phase.UNATTRIBUTED) < 0.01 * led.wall_s
     assert goodput.attributed_fraction(led) > 0.99
     assert 2.9 < led.seconds(Phase.RUNNING) < led.wall_s  # three attempts of 1 s of work
-    assert 1.0 <= led.seconds(Phase.HUNG) < 2.0  # hang.timeout, and a look's lag
+    assert 1.0 <= led.seconds(Phase.HUNG) < 3.0  # hang.timeout, a look's lag and the load
     assert led.seconds(Phase.RESTART) > 0 and led.seconds(Phase.STARTUP) > 0
     assert led.gpus == 0 and all(p.gpu_s == 0 for p in led.phases)
     failed, hung = led.lost

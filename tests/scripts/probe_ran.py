@@ -2,7 +2,8 @@
 
     probe_ran.py PROGRESS_FILE OUT_FILE
 
-Loops in Python for 1 s, then blocks in one C call (libc usleep, the GIL released) for 1.5 s.
+Loops in Python for 2 s, then blocks in one C call (libc usleep, the GIL released) for 3 s,
+once the watcher has written its first look (wide margins: a loaded machine delays its looks).
 A thread copies the progress file's second line (the last look that found the main thread had
 run Python code) into OUT_FILE twice in each phase: `loop1 T`, `loop2 T`, `block1 T`, `block2 T`.
 """
@@ -13,6 +14,7 @@ import ctypes
 import sys
 import threading
 import time
+from pathlib import Path
 
 progress, out = sys.argv[1], sys.argv[2]
 usleep = ctypes.CDLL(None).usleep
@@ -28,13 +30,16 @@ def snapshots(name: str, at: tuple[float, float]) -> None:
             f.write(f"{name}{n} {line}\n")
 
 
-loop = threading.Thread(target=snapshots, args=("loop", (0.3, 0.8)))
+deadline = time.monotonic() + 10
+while len(Path(progress).read_text().split()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+loop = threading.Thread(target=snapshots, args=("loop", (0.6, 1.6)))
 loop.start()
-end = time.monotonic() + 1.0
+end = time.monotonic() + 2.0
 while time.monotonic() < end:
     pass
 loop.join()
-block = threading.Thread(target=snapshots, args=("block", (0.5, 1.2)))
+block = threading.Thread(target=snapshots, args=("block", (1.0, 2.5)))
 block.start()
-usleep(1_500_000)
+usleep(3_000_000)
 block.join()

@@ -7,6 +7,7 @@ warm_torch.py DIR  ->  DIR/<RANK>_<TORCHELASTIC_RESTART_COUNT>.json
 from __future__ import annotations
 
 import sys
+import time
 
 PRELOADED = "torch" in sys.modules  # before this script's own import
 
@@ -25,9 +26,13 @@ def main() -> None:
     dist.all_reduce(value)
     dist.destroy_process_group()
     out = os.path.join(sys.argv[1], f"{rank}_{attempt}.json")
-    with open(out, "w") as f:
+    with open(out + ".tmp", "w") as f:
         json.dump({"preloaded": PRELOADED, "sum": value.item()}, f)
-    if rank == 1 and attempt == 0:
+    os.replace(out + ".tmp", out)
+    if rank == 1 and attempt == 0:  # once rank 0 wrote its record: the failure stops it
+        peer, deadline = os.path.join(sys.argv[1], "0_0.json"), time.monotonic() + 30
+        while not os.path.exists(peer) and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise RuntimeError("rank 1 fails once")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import WORKERS, wait_for
+from tests.conftest import WORKERS, alive, wait_for
 from tests.harness import run_raw, started
 
 pytestmark = pytest.mark.timeout(120)
@@ -264,10 +264,6 @@ def test_a_warm_failure_is_reported_as_a_cold_one(tmp_path: Path, mode: str) -> 
 
 
 # -------------------------------------------------------------------- stop, agent death
-def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-
-
 def test_a_signal_to_the_agent_stops_warm_workers_as_cold_ones(tmp_path: Path) -> None:
     with started(
         f"script={WORKERS / 'idle.py'}", "nproc_per_node=2", "warm.imports=[json]",
@@ -279,7 +275,7 @@ def test_a_signal_to_the_agent_stops_warm_workers_as_cold_ones(tmp_path: Path) -
         assert {w.ppid() for w in workers} == {agent.pid}
         os.kill(agent.pid, signal.SIGTERM)
         assert agent.wait(timeout=30) == 128 + signal.SIGTERM
-    assert _alive([*templates, *workers]) == []
+    assert alive([*templates, *workers]) == []
 
 
 def test_nothing_outlives_a_sigkilled_agent(tmp_path: Path) -> None:
@@ -292,7 +288,7 @@ def test_nothing_outlives_a_sigkilled_agent(tmp_path: Path) -> None:
         left = [*psutil.Process(agent.pid).children(recursive=True), *templates, *workers]
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(timeout=10)
-        wait_for(lambda: not _alive(left), 10, "the template and the workers to die with it")
+        wait_for(lambda: not alive(left), 10, "the template and the workers to die with it")
 
 
 # ---------------------------------------------------------------------------------- torch

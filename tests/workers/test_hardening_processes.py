@@ -332,6 +332,8 @@ def test_a_stopped_worker_is_resumed_to_exit_and_recorded(tmp_path: Path) -> Non
         def rank_1_stopped() -> bool:
             (events,) = (tmp_path / "logs").rglob("events.jsonl")
             started = [e for e in read_events(events).events if isinstance(e, WorkersStarted)]
+            if not started:  # a worker may run before the agent's event of their start
+                return False
             stat = Path(f"/proc/{started[0].pids[1]}/stat").read_bytes()
             return stat.rsplit(b")", 1)[1].split()[0] == b"T"
 
