@@ -474,7 +474,7 @@ def test_the_join_notices_count_from_torchs_join_not_from_the_import_before_it(
     # The first notice comes while torch loads; once its handler exists, the join (and its
     # join_timeout) starts: the next notice comes one first-notice delay later, not at 30 s.
     monkeypatch.setattr(join_wait, "WAIT_NOTICES", (0.3, 30.0, 60.0))
-    rdzv, lines = joining(None, NodeRange(min=2, max=2)), []
+    rdzv, lines = joining(None, NodeRange(min=2, max=2)), list[str]()
     rdzv.say = lines.append
 
     def join() -> str:
