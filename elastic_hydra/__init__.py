@@ -19,3 +19,41 @@ The modules at the root are the shared words every folder may use: `errors`, `pl
 `records`, `jsonrecord`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `slurm`,
 `durations`.
 """
+
+from __future__ import annotations
+
+import os
+import time
+
+__all__ = ["progress"]
+
+_PROGRESS_FILE = "ELASTIC_HYDRA_PROGRESS_FILE"  # set by the launcher for its workers
+_SCRIPT_SAID = 4 * 21  # the line of the progress file it writes (workers/bootstrap.py)
+_EVERY = 0.25  # seconds: calls closer together than this write nothing
+_said = 0.0
+
+
+def progress() -> None:
+    """Tell the hang watch that this rank is making progress.
+
+    For code that runs minutes inside one C call without a collective, output or a Python
+    line that moves (a long compilation, a checkpoint written by a C library). Cheap enough to
+    call every step: calls closer together than a quarter of a second write nothing. A no-op
+    outside an elastic-hydra worker (or with `hang.timeout: null`), and it never raises.
+    """
+    global _said
+    now = time.time()
+    path = os.environ.get(_PROGRESS_FILE)
+    if not path or now - _said < _EVERY:
+        return
+    _said = now
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.pwrite(fd, b"%-20.3f\n" % now, _SCRIPT_SAID)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

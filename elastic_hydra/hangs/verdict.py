@@ -1,12 +1,14 @@
 """Hangs as data: when a job counts as hung, where each rank is, and the one-line verdict.
 
-Pure. Progress is what the agent observes of each rank (`RankProgress`): the last time its
-bootstrap saw the main thread's Python stack change, and the CPU time its process used. A rank
-blocked in a collective, a lock, `sleep` or a read shows neither; a rank computing, in Python or
-in a long C call, shows CPU time. On a rank that uses a GPU, CPU time counts only if its main
-thread also ran Python code since the last look: a host thread waiting for the GPU (`.item()`,
-`synchronize`, behind an NCCL collective that never ends) spins a whole core in one C call. The
-job is hung when no rank made progress for the timeout (and the attempt is past its warm-up).
+Pure. Progress is what the agent observes of each rank (`RankProgress`): a collective issued
+(torch's sequence numbers, read by the bootstrap), a call to `elastic_hydra.progress()`, output,
+Python code that ran in the user's own frame (a loop that passes the same line again, however
+long it sleeps there), a changed stack, and CPU time. A rank blocked in a collective, a lock,
+`sleep` or a read shows none of them; a rank computing, in Python or in a long C call, shows CPU
+time. On a rank that uses a GPU, CPU time counts only if its main thread also ran Python code
+since the last look: a host thread waiting for the GPU (`.item()`, `synchronize`, behind an NCCL
+collective that never ends) spins a whole core in one C call. The job is hung when no rank made
+progress for the timeout (and the attempt is past its warm-up).
 
 The verdict groups the ranks by where their main thread is (the innermost frame in the user's
 code, and the innermost call below it) and tells waiters from suspects. A waiter waits for its
@@ -35,30 +37,85 @@ _LIBRARY = re.compile(
 CPU_BUSY = 0.1  # a process that used this share of a core since the last look is computing
 
 
+NOTE_LINE = 21  # bytes of one line of a progress note (workers/bootstrap.py's _LINE)
+MAX_NOTE = 4096  # bytes of a progress note read at most
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notes:
+    """A rank's progress note, as its bootstrap (and `elastic_hydra.progress()`) wrote it:
+    each field None where it is not written (yet), cannot be read, or is not a number."""
+
+    stack_moved: float | None = None  # the last look at which the main thread's stack changed
+    ran: float | None = None  # the last look that found it had run Python code (0: not yet)
+    user_ran: float | None = None  # ... in the user's own frame (0: not yet)
+    collectives: int | None = None  # collectives its process groups issued
+    script_said: float | None = None  # the last `elastic_hydra.progress()`
+
+    @classmethod
+    def parse(cls, data: bytes) -> Notes:
+        """The fixed-width lines of a note; a line half written, blank or not a finite number
+        is None (the file is the worker's, so untrusted: anything else is ignored)."""
+        fields: list[float | None] = []
+        for n in range(5):
+            word = data[n * NOTE_LINE : (n + 1) * NOTE_LINE].strip(b" \n\x00")
+            try:
+                value: float | None = float(word) if word else None
+            except ValueError:
+                value = None
+            fields.append(value if value is not None and 0 <= value < 1e15 else None)
+        count = fields[3]
+        return cls(
+            stack_moved=fields[0], ran=fields[1], user_ran=fields[2],
+            collectives=int(count) if count is not None else None, script_said=fields[4],
+        )  # fmt: skip
+
+
 @dataclass(slots=True)
 class RankProgress:
     """What the agent knows of one rank's progress (mutable: updated at each look)."""
 
     last_progress: float  # wall clock
+    how: str = "started"  # what its last progress was, for people (`top`, status records)
     cpu: float | None = None  # the process's CPU seconds at the last look
     looked: float | None = None  # when (wall clock)
     gpu: bool = False  # it uses a GPU
+    collectives: int | None = None  # the count at the last look
+    output: int | None = None  # bytes of its output at the last look
 
     def observe(
-        self, *, now: float, stack_changed: float | None, cpu: float | None, ran: float | None
+        self, *, now: float, notes: Notes, cpu: float | None, output: int | None = None
     ) -> None:
-        """One look: a new stack-change time from the bootstrap, the process's CPU seconds, and
-        the last time the bootstrap found its main thread had run Python code (None: not
-        known)."""
-        if stack_changed is not None and stack_changed > self.last_progress:
-            self.last_progress = min(stack_changed, now)
-        busy = cpu is not None and self.cpu is not None and self.looked is not None
-        if busy and self.gpu and ran is not None:  # spinning in one C call is no progress
-            # The bootstrap finds out at its own looks, as often as the agent's: one look's lag.
-            busy = ran > self.looked - (now - self.looked)  # type: ignore[operator]
-        if busy and cpu - self.cpu >= CPU_BUSY * max(now - self.looked, 1e-3):  # type: ignore[operator]
-            self.last_progress = now
+        """One look: the rank's progress note, its process's CPU seconds and the size of its
+        output so far (None: not known). Each of these counts as progress: a collective issued,
+        `elastic_hydra.progress()`, output, Python code that ran in the user's frame, a changed
+        stack, CPU time (on a GPU rank only while its main thread also runs Python)."""
+        seen: list[tuple[float | None, str]] = []
+        if notes.collectives is not None and notes.collectives != self.collectives:
+            if self.collectives is not None:
+                seen.append((now, f"collective #{notes.collectives}"))
+            self.collectives = notes.collectives
+        seen.append((notes.script_said, "progress()"))
+        if output is not None and self.output is not None and output > self.output:
+            seen.append((now, "output"))
+        self.output = output if output is not None else self.output
+        seen += [(notes.user_ran, "python"), (notes.stack_moved, "python")]
+        if self._busy(now, notes.ran, cpu):
+            seen.append((now, "cpu"))
         self.cpu, self.looked = cpu, now
+        for at, how in seen:  # the most telling first, among those of one time
+            if at is not None and min(at, now) > self.last_progress:
+                self.last_progress, self.how = min(at, now), how
+
+    def _busy(self, now: float, ran: float | None, cpu: float | None) -> bool:
+        """Whether the process used CPU_BUSY of a core since the last look (on a GPU rank: and
+        its main thread ran Python code, since spinning in one C call is no progress)."""
+        if cpu is None or self.cpu is None or self.looked is None:
+            return False
+        # The bootstrap finds out at its own looks, as often as the agent's: one look's lag.
+        if self.gpu and ran is not None and ran <= self.looked - (now - self.looked):
+            return False
+        return cpu - self.cpu >= CPU_BUSY * max(now - self.looked, 1e-3)
 
 
 def idle_for(ranks: Sequence[RankProgress], now: float) -> float:

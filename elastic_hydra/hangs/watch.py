@@ -1,7 +1,8 @@
 """The agent's watch on its workers' progress (`hang.timeout`): `seams.HangWatch` for one node.
 
-At each look (every `hang.sample` seconds) it reads every running worker's progress note (the
-time its bootstrap last saw the main thread's stack change) and its CPU time (/proc/PID/stat).
+At each look (every `hang.sample` seconds) it reads every running worker's progress note (what
+its bootstrap saw of the main thread, the collectives it issued, `elastic_hydra.progress()`), the
+size of its output files and its CPU time (/proc/PID/stat).
 When no rank made progress for `hang.timeout`, every rank is asked for its stacks before anything
 else happens: DUMP_SIGNAL to ranks run through the bootstrap (faulthandler answers from C, with
 or without the GIL), py-spy for the others where it is installed. A SIGSTOPped rank cannot
@@ -89,10 +90,14 @@ class LocalHangWatch:
         return max((r.last_progress for r in self.ranks.values()), default=None)
 
     def _look(self, local_rank: int, now: float) -> None:
-        changed, ran = _read_times(self.run.progress_file(self.workers.attempt, local_rank))
+        attempt = self.workers.attempt
+        notes = read_notes(self.run.progress_file(attempt, local_rank))
+        output = _size(self.run.stdout(attempt, local_rank)) + _size(
+            self.run.stderr(attempt, local_rank)
+        )
         pid, rank = self.workers.pids[local_rank], self.ranks[local_rank]
         rank.gpu = rank.gpu or uses_gpu(pid)
-        rank.observe(now=now, stack_changed=changed, cpu=cpu_seconds(pid), ran=ran)
+        rank.observe(now=now, notes=notes, cpu=cpu_seconds(pid), output=output)
 
     def evidence(self, running: list[int], idle: float, now: float) -> HangRecord:
         """Every rank's place, its stacks saved first; the verdict."""
@@ -181,15 +186,14 @@ def _with_threads(rank: HangRank, threads: tuple[ThreadStack, ...], main: int | 
     )
 
 
-def _read_times(path: Path) -> tuple[float | None, float | None]:
-    """A progress note's times: the last stack change, and the last time the main thread ran
-    Python code (0: not since it started); None before the worker's first note (the file may
-    exist, still empty), where the bootstrap notes no such time, or when it cannot be read."""
+def read_notes(path: Path) -> verdict.Notes:
+    """A rank's progress note (see `verdict.Notes`); empty before the worker's first note, where
+    the bootstrap keeps none, or when it cannot be read."""
     try:
-        times = [float(word) for word in path.read_text().split()]
-    except (OSError, ValueError):
-        return None, None
-    return (times[0] if times else None), (times[1] if len(times) > 1 else None)
+        with open(path, "rb") as f:
+            return verdict.Notes.parse(f.read(verdict.MAX_NOTE))
+    except OSError:
+        return verdict.Notes()
 
 
 def _source(frame: Frame) -> str:

@@ -61,6 +61,11 @@ def progress_of(watch: LocalHangWatch) -> Mapping[int, float]:
     return {lr: p.last_progress for lr, p in list(watch.ranks.items())}
 
 
+def progress_how(watch: LocalHangWatch) -> Mapping[int, str]:
+    """What each local rank's last progress was (`collective #12`, `output`, ...)."""
+    return {lr: p.how for lr, p in list(watch.ranks.items())}
+
+
 def start(
     plan: LaunchPlan, run: RunDir, host: str, watch: LocalHangWatch, timeline: Observer
 ) -> Observers:
@@ -79,8 +84,9 @@ def start(
 
         sinks.append(StoreSink(plan.rdzv.endpoint, plan.torch_run_id, plan.rdzv.backend))
     publisher = Publisher(
-        tracker, path=run.status, progress=lambda: progress_of(watch), sinks=sinks
-    )
+        tracker, path=run.status, progress=lambda: progress_of(watch),
+        how=lambda: progress_how(watch), sinks=sinks,
+    )  # fmt: skip
     metrics = None
     if plan.metrics.enabled:
         from elastic_hydra.observe.metrics import Metrics

@@ -37,13 +37,14 @@ class Publisher:
         *,
         path: Path,
         progress: Callable[[], Mapping[int, float]] = dict,
+        how: Callable[[], Mapping[int, str]] = dict,
         sampler: Sampler | None = None,
         sinks: Sequence[Sink] = (),
         after: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.tracker = tracker
         self.path = path
-        self.progress = progress
+        self.progress, self.how = progress, how
         self.sampler = sampler or Sampler()
         self.sinks = list(sinks)
         self.after = list(after)  # run after each record (the metrics' textfile)
@@ -63,8 +64,10 @@ class Publisher:
         """The record as of now, and what happened so far (a scrape of the metrics)."""
         with self.lock:
             samples = self.sampler.sample(self.tracker.live_pids())
-            progress = self.progress()
-            record = self.tracker.record(now=time.time(), samples=samples, progress=progress)
+            progress, how = self.progress(), self.how()
+            record = self.tracker.record(
+                now=time.time(), samples=samples, progress=progress, how=how
+            )
             return record, copy.deepcopy(self.tracker.counts)
 
     def publish(self) -> None:

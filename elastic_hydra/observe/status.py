@@ -62,6 +62,9 @@ class WorkerStatus(JsonRecord):
     pid: int | None  # None: not started yet
     state: WorkerState
     progress_age: float | None = None  # seconds since its last progress (hang watch); None: unknown
+    # What that progress was (hang watch): `collective #N`, `output`, `python`, `progress()`,
+    # `cpu` or `started`; None: unknown.
+    progress_via: str | None = None
     cpu_percent: float | None = None  # of one core, since the previous sample
     rss_bytes: int | None = None
     gpu_util: float | None = None  # percent, of the GPUs it uses (NVML)
@@ -133,6 +136,11 @@ def _check_ranges(record: NodeStatus) -> None:
     if not 0 < record.period <= 3600:
         raise StatusRecordError(f"period: out of range ({record.period})")
     for w in record.workers:
+        via = w.progress_via
+        if via is not None and (len(via) > MAX_TEXT or not via.isprintable()):
+            raise StatusRecordError(
+                f"workers[{w.local_rank}].progress_via: not a progress ({via[:40]!r})"
+            )
         numbers |= {
             f"workers[{w.local_rank}].{name}": value
             for name, value in (
@@ -270,16 +278,22 @@ class Tracker:
         counts[key] = counts.get(key, 0) + 1
 
     def record(
-        self, *, now: float, samples: Mapping[int, Sample], progress: Mapping[int, float]
+        self,
+        *,
+        now: float,
+        samples: Mapping[int, Sample],
+        progress: Mapping[int, float],
+        how: Mapping[int, str] | None = None,
     ) -> NodeStatus:
         """The record as of `now`: `samples` by pid, `progress` (the wall time of each local
-        rank's last progress) from the hang watch."""
+        rank's last progress) and `how` (what it was) from the hang watch."""
         workers = []
         for w in self.workers:
-            age = None
+            age, via = None, None
             live = w.state in (WorkerState.RUNNING, WorkerState.HUNG, WorkerState.STARTING)
             if (last := progress.get(w.local_rank)) is not None and w.pid is not None and live:
                 age = round(max(0.0, now - last), 1)
+                via = (how or {}).get(w.local_rank)
             state = w.state
             timeout = self.hang_timeout
             if state is WorkerState.HUNG and age is not None and timeout and age < timeout:
@@ -287,7 +301,7 @@ class Tracker:
             s = samples.get(w.pid, Sample()) if w.pid is not None else Sample()
             workers.append(
                 replace(
-                    w, state=state, progress_age=age, cpu_percent=s.cpu_percent,
+                    w, state=state, progress_age=age, progress_via=via, cpu_percent=s.cpu_percent,
                     rss_bytes=s.rss_bytes, gpu_util=s.gpu_util, gpu_mem_bytes=s.gpu_mem_bytes,
                 )
             )  # fmt: skip

@@ -33,9 +33,10 @@ def table(snap: Snapshot) -> Group:
     if snap.ignored:
         head.append(f"   ({snap.ignored} record(s) ignored)", style="yellow")
     grid = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("node", "rank", "local", "pid", "state", "idle", "cpu", "rss", "gpu",
-                 "gpu mem", "attempt", "restarts", "phase"):  # fmt: skip
-        grid.add_column(name, justify="left" if name in ("node", "state", "phase") else "right")
+    left = ("node", "state", "last progress", "phase")
+    for name in ("node", "rank", "local", "pid", "state", "idle", "last progress", "cpu", "rss",
+                 "gpu", "gpu mem", "attempt", "restarts", "phase"):  # fmt: skip
+        grid.add_column(name, justify="left" if name in left else "right")
     for view in snap.nodes:
         r = view.record
         node = f"{r.node} ({r.node_rank})" if r.node_rank is not None else r.node
@@ -46,12 +47,12 @@ def table(snap: Snapshot) -> Group:
             grid.add_row(
                 node, str(w.rank), str(w.local_rank), str(w.pid or "-"),
                 Text(w.state.value, style="dim" if view.stale else _STYLE[w.state]),
-                _num(w.progress_age, "s"), _num(w.cpu_percent, "%"),
+                _num(w.progress_age, "s"), w.progress_via or "-", _num(w.cpu_percent, "%"),
                 _num(w.rss_bytes, "M", 1 << 20), _num(w.gpu_util, "%"),
                 _num(w.gpu_mem_bytes, "M", 1 << 20), str(r.attempt), str(r.restarts), node_phase,
             )  # fmt: skip
         if not r.workers:
-            grid.add_row(node, *["-"] * 9, str(r.attempt), str(r.restarts), node_phase)
+            grid.add_row(node, *["-"] * 10, str(r.attempt), str(r.restarts), node_phase)
     return Group(head, grid)
 
 

@@ -19,12 +19,13 @@ handlers, but without printing the traceback.
 For the agent's hang detection and `elastic-hydra stacks`: faulthandler dumps every thread's
 stack to `ELASTIC_HYDRA_STACKS_FILE` on the signal `ELASTIC_HYDRA_STACKS_SIGNAL` (from C: it
 needs no GIL, so a rank stuck in a C call that holds it still answers), and a daemon thread
-looks at the main thread's stack every `ELASTIC_HYDRA_PROGRESS_EVERY` seconds, writing the time
-to `ELASTIC_HYDRA_PROGRESS_FILE` each time it changed (its first line). It also asks the main
-thread, through `Py_AddPendingCall`, to post a semaphore when it next runs Python code, and
-notes the look that finds it posted (the second line): a main thread blocked in a C call (a GPU
-sync that spins a core, a collective) does not.
-These variables are taken out of the script's environment.
+looks at the main thread every `ELASTIC_HYDRA_PROGRESS_EVERY` seconds and keeps
+`ELASTIC_HYDRA_PROGRESS_FILE` (see `_note_progress`): when its stack last changed; whether it ran
+Python code since the last look (it asks the main thread, through `Py_AddPendingCall`, to post a
+semaphore when it next runs Python code: a main thread blocked in a C call, a GPU sync that spins
+a core or a collective, does not), and whether it did so in the user's own frame; how many
+collectives torch.distributed's groups have issued. These variables are taken out of the
+script's environment, but for the progress file's, which `elastic_hydra.progress()` writes to.
 
 A Hydra app run as the script gets `${now:...}` at the launch's time, `ELASTIC_HYDRA_LAUNCH_TIME`
 (see `_pin_hydra_now`): every rank and every attempt of the launch share one output dir.
@@ -127,7 +128,7 @@ def _watch_self() -> None:
     global _stacks
     main = _thread.get_ident()
     stacks, signum = os.environ.pop(STACKS_FILE_ENV, None), os.environ.pop(STACKS_SIGNAL_ENV, None)
-    progress = os.environ.pop(PROGRESS_FILE_ENV, None)
+    progress = os.environ.get(PROGRESS_FILE_ENV)  # kept: `elastic_hydra.progress()` writes to it
     every = os.environ.pop(PROGRESS_EVERY_ENV, None)
     if stacks and signum:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -154,39 +155,89 @@ def _watch_self() -> None:
 
 
 _LINE = 21  # bytes of one line of the progress file: "%-20.3f\n"
+# The progress file's lines, each _LINE bytes, rewritten in place: the last look at which the
+# main thread's stack had changed; the last look that found it had run Python code; the last look
+# that found it had run Python code in the user's own frame (it came back from a call made there:
+# a loop passed its line again); the number of collectives its process groups had issued (torch's
+# own sequence numbers; blank before torch.distributed has a group); the last time the script
+# called `elastic_hydra.progress()`.
+STACK_MOVED, RAN, USER_RAN, COLLECTIVES, SCRIPT_SAID = range(5)
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+_MAX_GROUPS = 64  # process groups counted at one look
 
 
 def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> None:
-    """Each time the main thread's stack changed since the last look, the time, in `fd`'s first
-    line; the last look that found the main thread had run Python code, in its second.
+    """At each look: the time the main thread's stack last changed, the last look that found
+    the main thread had run Python code (anywhere, and in the user's own frame), and the count of
+    collectives issued (see the lines above).
 
     A stack is the code and the bytecode offset of each frame: a rank blocked in a call
     (a collective, a lock, `sleep`, a read) keeps the same one; a loop moves it, unless each
-    look finds it in the same call, which a GPU loop's `.item()` makes likely.
+    look finds it in the same call, which a loop's `sleep` or a GPU loop's `.item()` makes likely.
+    Such a loop still comes back to its own frame between two calls: the probe asked while the
+    main thread was in a call made from the user's frame, and answered, tells that it did.
     """
     try:
-        last, probe = None, _Probe.make()
+        last, probe, asked_in_user, count = None, _Probe.make(), False, None
         if probe is not None:
-            os.pwrite(fd, b"%-20.3f\n%-20.3f\n" % (time.time(), 0.0), 0)  # 0: not yet
+            os.pwrite(fd, b"%-20.3f\n%-20.3f\n%-20.3f\n" % (time.time(), 0.0, 0.0), 0)
         while True:
             frame = sys._current_frames().get(main)
             if frame is None:  # the main thread has ended
                 return
+            in_user = _is_user(frame.f_code.co_filename)
             here = []
             while frame is not None:
                 here.append((id(frame.f_code), frame.f_lasti))
                 frame = frame.f_back
-            if (now := hash(tuple(here))) != last:
-                last = now
-                os.pwrite(fd, b"%-20.3f\n" % time.time(), 0)
-            if probe is not None and probe.ran():
-                os.pwrite(fd, b"%-20.3f\n" % time.time(), _LINE)
+            now = time.time()
+            if (stack := hash(tuple(here))) != last:
+                last = stack
+                os.pwrite(fd, b"%-20.3f\n" % now, STACK_MOVED * _LINE)
+            if probe is not None:
+                was_asked = probe.asked
+                if probe.ran():
+                    os.pwrite(fd, b"%-20.3f\n" % now, RAN * _LINE)
+                    if asked_in_user:
+                        os.pwrite(fd, b"%-20.3f\n" % now, USER_RAN * _LINE)
+                    asked_in_user = in_user  # asked again at this look
+                elif not was_asked:
+                    asked_in_user = in_user
+            if (issued := _collectives()) is not None and issued != count:
+                count = issued
+                os.pwrite(fd, b"%-20d\n" % issued, COLLECTIVES * _LINE)
             if stop.acquire(timeout=every):  # released: the worker is exiting
                 return
     except BaseException:  # never the worker's problem
         return
     finally:
         done.release()
+
+
+def _is_user(filename: str) -> bool:
+    """Whether a code object's file is the user's: not the standard library, an installed
+    package, frozen or generated code, or this file."""
+    return not (
+        filename.startswith(("<", _STDLIB))
+        or "/site-packages/" in filename
+        or "/dist-packages/" in filename
+        or filename in _OWN_FILES
+    )
+
+
+def _collectives() -> int | None:
+    """The collectives this process's groups have issued, by torch's sequence numbers; None
+    before torch.distributed is imported and has a group. Read without importing anything."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None:
+        return None
+    try:
+        groups = list(c10d._world.pg_map)[:_MAX_GROUPS]
+        if not groups:
+            return None
+        return sum(int(pg._get_sequence_number_for_group()) for pg in groups)
+    except Exception:  # torch changed, a group torn down meanwhile: no count this time
+        return None
 
 
 class _Probe:

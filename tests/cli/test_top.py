@@ -70,12 +70,14 @@ def test_top_lists_a_running_jobs_ranks_with_their_states(tmp_path: Path) -> Non
         assert [w["pid"] for w in node["workers"]] == pids
         assert node["agent_pid"] == agent.pid and not node["stale"]
         assert node["workers"][1]["rss_bytes"] > 1 << 20
+        assert node["workers"][1]["progress_via"] in ("started", "python", "output", "cpu")
         mode = (root / "status.json").stat().st_mode & 0o777
         assert mode == 0o600
         # In a pipe, without --once: one snapshot as a table, then the command ends.
         table = run("top", str(root), cwd=tmp_path, timeout=60)
         assert table.returncode == 0, table.stderr
         assert "job: running" in table.stdout and str(pids[2]) in table.stdout
+        assert "last progress" in table.stdout
         os.kill(agent.pid, signal.SIGTERM)
         agent.wait(timeout=60)
     after = top_json(str(root), cwd=tmp_path)

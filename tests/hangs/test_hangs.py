@@ -56,17 +56,63 @@ Thread 4242 (idle): "MainThread"
 
 
 # ------------------------------------------------------------------------------------ pure
+def notes(**fields: Any) -> verdict.Notes:
+    return verdict.Notes(**fields)
+
+
 def test_progress_is_a_stack_change_or_cpu_time() -> None:
     p = verdict.RankProgress(last_progress=100.0)
-    p.observe(now=101.0, stack_changed=None, cpu=5.0, ran=None)  # the first look: a baseline
+    p.observe(now=101.0, notes=notes(), cpu=5.0)  # the first look: a baseline
     assert p.last_progress == 100.0
-    p.observe(now=102.0, stack_changed=None, cpu=5.01, ran=None)  # 1% of a core: waiting
+    p.observe(now=102.0, notes=notes(), cpu=5.01)  # 1% of a core: waiting
     assert p.last_progress == 100.0
-    p.observe(now=103.0, stack_changed=102.5, cpu=5.02, ran=None)  # its main thread moved
-    assert p.last_progress == 102.5
-    p.observe(now=104.0, stack_changed=102.5, cpu=5.9, ran=None)  # 88% of a core: computing
-    assert p.last_progress == 104.0
+    p.observe(now=103.0, notes=notes(stack_moved=102.5), cpu=5.02)  # its main thread moved
+    assert (p.last_progress, p.how) == (102.5, "python")
+    p.observe(now=104.0, notes=notes(stack_moved=102.5), cpu=5.9)  # 88% of a core: computing
+    assert (p.last_progress, p.how) == (104.0, "cpu")
     assert verdict.idle_for([p, verdict.RankProgress(last_progress=90.0)], now=110.0) == 6.0
+
+
+def test_a_collective_output_python_in_the_users_frame_or_progress_call_is_progress() -> None:
+    # The loop that was called hung: all_reduce, print, sleep 0.5, on one line each; every look
+    # finds the same stack (the sleep) and no CPU time.
+    p = verdict.RankProgress(last_progress=100.0)
+    p.observe(now=101.0, notes=notes(collectives=7), cpu=1.0, output=10)  # baselines
+    assert (p.last_progress, p.how) == (100.0, "started")
+    p.observe(now=102.0, notes=notes(collectives=9), cpu=1.0, output=10)
+    assert (p.last_progress, p.how) == (102.0, "collective #9")
+    p.observe(now=103.0, notes=notes(collectives=9), cpu=1.0, output=30)
+    assert (p.last_progress, p.how) == (103.0, "output")
+    p.observe(now=104.0, notes=notes(collectives=9, user_ran=103.9), cpu=1.0, output=30)
+    assert (p.last_progress, p.how) == (103.9, "python")
+    p.observe(now=105.0, notes=notes(collectives=9, script_said=104.5), cpu=1.0, output=30)
+    assert (p.last_progress, p.how) == (104.5, "progress()")
+    # Nothing new: not even Python code that ran outside the user's frame (a data loader's
+    # own wait loop) or a time from the future.
+    p.observe(now=106.0, notes=notes(collectives=9, ran=105.9), cpu=1.0, output=30)
+    p.observe(now=107.0, notes=notes(collectives=9, user_ran=104.0), cpu=1.0, output=30)
+    assert p.last_progress == 104.5
+    p.observe(now=108.0, notes=notes(collectives=9, script_said=900.0), cpu=1.0, output=30)
+    assert (p.last_progress, p.how) == (108.0, "progress()")  # at most the look's own time
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"", verdict.Notes()),
+        (
+            b"12.5" + b" " * 16 + b"\n" + b"\x00" * 42 + b"%-20d\n" % 41,
+            verdict.Notes(stack_moved=12.5, collectives=41),
+        ),
+        (b"nan" + b" " * 17 + b"\n" + b"-3" + b" " * 18 + b"\n1e99", verdict.Notes()),
+        (b"12.", verdict.Notes(stack_moved=12.0)),
+        (b"\xff" * 5000, verdict.Notes()),
+    ],
+)
+def test_a_progress_note_is_read_as_untrusted_fixed_width_lines(
+    data: bytes, expected: verdict.Notes
+) -> None:
+    assert verdict.Notes.parse(data) == expected
 
 
 def test_a_gpu_ranks_cpu_time_counts_only_while_its_main_thread_runs_python() -> None:
@@ -74,15 +120,15 @@ def test_a_gpu_ranks_cpu_time_counts_only_while_its_main_thread_runs_python() ->
     # core all along. A healthy loop's main thread also spends most of its time there, but runs
     # Python between its calls.
     p = verdict.RankProgress(last_progress=100.0, gpu=True)
-    p.observe(now=101.0, stack_changed=None, cpu=5.0, ran=100.9)
-    p.observe(now=102.0, stack_changed=None, cpu=6.0, ran=101.5)  # a core, and Python ran
+    p.observe(now=101.0, notes=notes(ran=100.9), cpu=5.0)
+    p.observe(now=102.0, notes=notes(ran=101.5), cpu=6.0)  # a core, and Python ran
     assert p.last_progress == 102.0
-    p.observe(now=103.0, stack_changed=None, cpu=7.0, ran=101.5)  # one look's lag is allowed
+    p.observe(now=103.0, notes=notes(ran=101.5), cpu=7.0)  # one look's lag is allowed
     assert p.last_progress == 103.0
-    p.observe(now=104.0, stack_changed=None, cpu=8.0, ran=101.5)  # a core, in one C call
-    p.observe(now=105.0, stack_changed=None, cpu=9.0, ran=0.0)  # (or never ran Python)
+    p.observe(now=104.0, notes=notes(ran=101.5), cpu=8.0)  # a core, in one C call
+    p.observe(now=105.0, notes=notes(ran=0.0), cpu=9.0)  # (or never ran Python)
     assert p.last_progress == 103.0
-    p.observe(now=106.0, stack_changed=None, cpu=10.0, ran=None)  # no probe: CPU time counts
+    p.observe(now=106.0, notes=notes(), cpu=10.0)  # no probe: CPU time counts
     assert p.last_progress == 106.0
 
 
@@ -273,6 +319,20 @@ def test_computing_for_three_times_the_timeout_is_never_a_hang(tmp_path: Path) -
     code, stderr, summary, run_dir = probe(tmp_path, "compute:3", "cmp-c:3")
     assert code == 0, stderr
     assert summary["hang"] is None and hang_events(run_dir) == []
+
+
+@pytest.mark.parametrize("mode", ["torch", "quiet", "said"])
+def test_a_loop_that_sleeps_on_one_line_runs_to_its_end(tmp_path: Path, mode: str) -> None:
+    # Every look of the watch (each 0.4 s, as the loop's period) finds the main thread in the
+    # same sleep: the stack never changes and no CPU time is used. Before, the watch called this
+    # a hang after hang.timeout and stopped both ranks.
+    code, stderr, summary, run_dir = launch(
+        tmp_path, f"script={WORKERS / 'steady_loop.py'}", "nproc_per_node=2",
+        "hang.timeout=2", "hang.action=fail", script_args=(mode, "12", "0.4"),
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert summary["hang"] is None and hang_events(run_dir) == []
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["done.0", "done.1"]
 
 
 def test_warmup_holds_the_verdict_back(tmp_path: Path) -> None:

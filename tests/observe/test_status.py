@@ -91,6 +91,21 @@ def test_a_hang_marks_running_ranks_hung_until_they_progress_again() -> None:
     assert not done.stale(now=10_000.0)  # an ended agent is never stale
 
 
+def test_a_record_says_what_each_ranks_last_progress_was() -> None:
+    t = tracker()
+    started(t)
+    record = t.record(now=110.0, samples={}, progress={0: 108.0, 1: 100.0},
+                      how={0: "collective #12", 1: "output"})  # fmt: skip
+    assert [(w.progress_age, w.progress_via) for w in record.workers] == [
+        (2.0, "collective #12"),
+        (10.0, "output"),
+    ]
+    assert decode(encode(record)) == record
+    raw = encode(record).replace(b"collective #12", b"\\u001b[2J")
+    with pytest.raises(StatusRecordError, match=r"workers\[0\]\.progress_via"):
+        decode(raw)
+
+
 def test_a_record_reads_back_as_itself_and_goes_stale() -> None:
     t = tracker()
     started(t)
