@@ -247,6 +247,19 @@ class RankState(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GroupState(JsonRecord):
+    """One process group's collectives on one rank, when its job was found hung: the last it
+    issued (torch's sequence number) and, from the Flight Recorder, the last it completed and
+    the last collective's op and input sizes ("" and None where the recorder is off)."""
+
+    group: str  # torch.distributed's name of the group ("0": the default group)
+    issued: int
+    completed: int | None = None
+    op: str = ""  # e.g. gloo:all_reduce
+    sizes: str = ""  # its input sizes, e.g. [[2, 3]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HangRank(JsonRecord):
     """Where one rank was when its job was found hung."""
 
@@ -263,6 +276,8 @@ class HangRank(JsonRecord):
     call: str = ""  # the library call below it, e.g. torch.distributed...all_reduce
     odd: bool = False  # in the odd group out
     threads: tuple[dict[str, Any], ...] = ()  # {"thread_id", "main", "frames": [...]}
+    groups: tuple[GroupState, ...] = ()  # its collectives by process group
+    no_groups: str = ""  # why there are none: torch.distributed not in use, no answer, ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,6 +27,8 @@ _STACKS, _PROGRESS = "stacks.txt", "progress"
 _POOL = "pool.json"
 _ROOM = ".room"  # .summary.json.room: the disk space kept for summary.json since the start
 _STATUS = "status.json"  # the agent's status record, replaced every few seconds (observe/)
+_COLLECTIVES = "collectives.json"
+_FR_PREFIX = "flight_recorder_rank_"  # + the global rank (workers/bootstrap.py writes them)
 _PREFLIGHT, _PROBE_RESULT = "preflight_", "measured.json"  # preflight_<round>/<local rank>/
 
 
@@ -36,7 +38,8 @@ class RunDir:
 
     plan.json, config.yaml (resolved), events.jsonl, summary.json, result.json, .hydra/ (the saved
     config: config.yaml, hydra.yaml, overrides.yaml), attempt_<n>/<local_rank>/{stdout.log,
-    stderr.log, error.json, fault.log, stacks.txt, progress}; console.log in a pool job's. `n`
+    stderr.log, error.json, fault.log, stacks.txt, progress,
+    collectives.json, flight_recorder_rank_<rank>}; console.log in a pool job's. `n`
     counts every start of the worker group (restarts and membership changes), so no attempt's
     logs are ever overwritten. error.json is torch's TORCHELASTIC_ERROR_FILE; fault.log the crash
     dump. While the launch runs, .summary.json.room and .result.json.room keep the disk space of
@@ -191,6 +194,12 @@ class RunDir:
         """When the worker's main thread last moved (hang detection)."""
         return self.rank_dir(attempt, local_rank) / _PROGRESS
 
+    def collectives_file(self, attempt: int, local_rank: int) -> Path:
+        """The worker's collectives when the agent asked (a hang): per process group, the last
+        issued and completed, with the op; beside it, `flight_recorder_rank_<rank>`, torch's
+        Flight Recorder dump as torchfrtrace reads it (`--prefix flight_recorder_rank_`)."""
+        return self.rank_dir(attempt, local_rank) / _COLLECTIVES
+
     def preflight_dir(self, round: int, local_rank: int) -> Path:
         """A preflight probe worker's files in a round: stdout.log, stderr.log, result.json."""
         return self.root / f"{_PREFLIGHT}{round}" / str(local_rank)
@@ -221,6 +230,16 @@ class RunDir:
         """Where ranks' stacks are, relative to their run dir, for people: `local_rank` stands
         for the ranks (`*`, `<local rank>`)."""
         return f"{_ATTEMPT}{attempt}/{local_rank}/{_STACKS}"
+
+    @staticmethod
+    def collectives_shown(attempt: int) -> str:
+        """Where ranks' collectives and Flight Recorder dumps are, relative to their run dir,
+        and the torchfrtrace command that reads the dumps, for people."""
+        where = f"{_ATTEMPT}{attempt}"
+        return (
+            f"{where}/*/{_COLLECTIVES}; torch's Flight Recorder dumps: torchfrtrace {where}"
+            f" --prefix {_FR_PREFIX}"
+        )
 
 
 def finished_runs(root: Path) -> list[RunDir]:

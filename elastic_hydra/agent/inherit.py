@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+# torch's Flight Recorder (gloo and NCCL), on for every worker unless the job sets it (0: off):
+# the entries a hang's verdict reads (hangs/). TORCH_NCCL_TRACE_BUFFER_SIZE is its older name.
+FR_BUFFER = "TORCH_FR_BUFFER_SIZE"
+FR_BUFFER_OLD = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+FR_ENTRIES = "2000"
+
 # Never inherited from the launcher's environment: a surrounding torchrun's signal list is not
 # ours; the rendezvous secret signs the agents' records and workers never need it.
 AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "ELASTIC_HYDRA_RDZV_SECRET")
@@ -29,6 +35,7 @@ CONTRACT = frozenset(
         "ELASTIC_HYDRA_CONFIG", "ELASTIC_HYDRA_FAULT_FILE", "ELASTIC_HYDRA_LAUNCH_TIME",
         "ELASTIC_HYDRA_STACKS_FILE", "ELASTIC_HYDRA_STACKS_SIGNAL",
         "ELASTIC_HYDRA_PROGRESS_FILE", "ELASTIC_HYDRA_PROGRESS_EVERY",
+        "ELASTIC_HYDRA_COLLECTIVES_FILE",
     }
 )  # fmt: skip
 
@@ -44,10 +51,12 @@ def inherited_env(
     """One worker's inherited half: `base` (the agent's environment at start) less the agent's
     own, `job_env` (the job's `env.*`) on top, and the defaults: one OMP thread per worker when
     several share the machine (torchrun's rule), or as many as its `cpus` when it is bound; its
-    devices (`gpus`)."""
+    devices (`gpus`); torch's Flight Recorder on (`FR_BUFFER`), unless the job sets it."""
     env = {k: v for k, v in base.items() if k not in AGENT_ONLY}
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     env.update(job_env)
+    if FR_BUFFER not in env and FR_BUFFER_OLD not in env:
+        env[FR_BUFFER] = FR_ENTRIES
     if "OMP_NUM_THREADS" not in env:
         if cpus:
             env["OMP_NUM_THREADS"] = str(cpus)

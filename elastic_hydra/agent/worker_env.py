@@ -30,6 +30,8 @@ STACKS_FILE = "ELASTIC_HYDRA_STACKS_FILE"
 STACKS_SIGNAL = "ELASTIC_HYDRA_STACKS_SIGNAL"
 PROGRESS_FILE = "ELASTIC_HYDRA_PROGRESS_FILE"
 PROGRESS_EVERY = "ELASTIC_HYDRA_PROGRESS_EVERY"
+# Where the bootstrap writes its collectives when the agent asks (a hang).
+COLLECTIVES_FILE = "ELASTIC_HYDRA_COLLECTIVES_FILE"
 # A real-time signal: no library uses it (SIGUSR1/2 are taken by Lightning, submitit...).
 DUMP_SIGNAL = int(signal.SIGRTMIN) + 4
 
@@ -47,6 +49,7 @@ class WorkerFiles:
     fault_file: str
     stacks_file: str = ""
     progress_file: str = ""
+    collectives_file: str = ""
     launch_time: float | None = None  # when this node's launch started (time.time())
 
 
@@ -107,4 +110,6 @@ def worker_env(
         env.update({STACKS_FILE: files.stacks_file, STACKS_SIGNAL: str(DUMP_SIGNAL)})
     if plan.entrypoint_bootstrapped and files.progress_file and plan.hang.timeout is not None:
         env.update({PROGRESS_FILE: files.progress_file, PROGRESS_EVERY: f"{plan.hang.sample:g}"})
+        if files.collectives_file:
+            env[COLLECTIVES_FILE] = files.collectives_file
     return env

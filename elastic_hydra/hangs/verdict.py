@@ -23,11 +23,12 @@ in one place) it says it cannot tell which rank, rather than guess.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from elastic_hydra.records import HangRank, RankState
+from elastic_hydra.records import GroupState, HangRank, RankState
 from elastic_hydra.tracebacks import Frame, ThreadStack, is_launcher_frame
 
 # Where a frame belongs to a library or to Python itself rather than to the user's program.
@@ -252,9 +253,16 @@ def suspects(grouped: Sequence[tuple[str, list[HangRank]]]) -> tuple[frozenset[i
 
 
 def verdict(ranks: Sequence[HangRank], idle: float) -> tuple[str, frozenset[int]]:
-    """The one-line verdict and the ranks it names as stuck (none when it cannot tell)."""
+    """The one-line verdict and the ranks it names as stuck (none when it cannot tell): where
+    each rank is, then the collective the waiting ranks are in and who never entered it."""
     grouped = groups(ranks)
     odd, why = suspects(grouped)
+    in_collective, late = collectives(ranks)
+    if late and not odd and why:  # the stacks cannot tell; the sequence numbers can
+        odd, why = late, ""
+    elif late and odd and late != odd:
+        why = f"the stacks point at {_ranks(odd)}, the collectives at {_ranks(late)}"
+        odd = frozenset()
     parts = [
         f"{who(members)} {where}" + (" (stuck here)" if members[0].rank in odd else "")
         for where, members in grouped
@@ -262,7 +270,100 @@ def verdict(ranks: Sequence[HangRank], idle: float) -> tuple[str, frozenset[int]
     head = f"hang after {idle:.0f} s without progress"
     if why:
         head += f"; cannot tell which rank ({why})"
-    return f"{head}: " + "; ".join(parts), odd
+    tail = f"; {in_collective}" if in_collective else ""
+    return f"{head}: " + "; ".join(parts) + tail, odd
+
+
+def collectives(ranks: Sequence[HangRank]) -> tuple[str, frozenset[int]]:
+    """Per process group with a collective not every rank finished: its number, op and sizes,
+    the ranks in it and those that never entered it (they issued fewer); and those ranks when
+    one group alone has them and every rank not exited told its collectives. ("", none) when
+    no rank told any."""
+    states: dict[str, dict[int, GroupState]] = {}
+    for r in ranks:
+        for g in r.groups:
+            states.setdefault(g.group, {})[r.rank] = g
+    parts, late = [], []
+    for name in sorted(states, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n)):
+        by_rank = states[name]
+        top = max(g.issued for g in by_rank.values())
+        inside = sorted(k for k, g in by_rank.items() if g.issued == top and g.completed != top)
+        behind = sorted(k for k, g in by_rank.items() if g.issued < top)
+        if top == 0 or not (inside or behind):
+            continue
+        lead = by_rank[inside[0] if inside else max(by_rank, key=lambda k: by_rank[k].issued)]
+        text = f"collective #{top}" + (f" {lead.op}" if lead.op else "") + f" of group {name}"
+        text += f" (sizes {lead.sizes})" if lead.sizes else ""
+        text += f": {_ranks(inside)} in it" if inside else ": every rank finished it"
+        if behind:
+            at = {by_rank[k].issued for k in behind}
+            gaps = ", ".join(f"{k} at #{by_rank[k].issued}" for k in behind)
+            text += f", {_ranks(behind)} never entered it"
+            text += f" (at #{at.pop()})" if len(at) == 1 else f" ({gaps})"
+            late.append(frozenset(behind))
+        parts.append(text)
+    told = all(r.groups or r.state is RankState.EXITED for r in ranks)
+    return "; ".join(parts), late[0] if len(late) == 1 and told else frozenset()
+
+
+def no_collectives(ranks: Sequence[HangRank]) -> str:
+    """One line on the ranks whose collectives are not known, and why ("" when all are)."""
+    why: dict[str, list[int]] = {}
+    for r in ranks:
+        if not r.groups and r.state is not RankState.EXITED:
+            why.setdefault(r.no_groups or "not asked", []).append(r.rank)
+    return "; ".join(f"no collectives from {_ranks(k)}: {w}" for w, k in why.items())
+
+
+def _ranks(numbers: Iterable[int]) -> str:
+    listed = sorted(numbers)
+    return f"rank{'s' if len(listed) > 1 else ''} {','.join(map(str, listed))}"
+
+
+MAX_GROUPS_NOTE = 64 << 10  # bytes of a collectives file read at most
+
+
+def parse_groups(data: bytes) -> tuple[tuple[GroupState, ...], str]:
+    """A worker's collectives file (untrusted: every field checked, at most 64 groups), and
+    why there are none."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        return (), "its collectives file does not read as JSON"
+    if not isinstance(raw, dict):
+        return (), "its collectives file does not read as JSON"
+    found = []
+    groups_ = raw.get("groups")
+    for name, g in list(groups_.items() if isinstance(groups_, dict) else ())[:64]:
+        if not isinstance(g, dict):
+            continue
+        issued, completed = _count(g.get("issued")), _count(g.get("completed"))
+        if issued is None:
+            continue
+        op, sizes = g.get("op"), g.get("sizes")
+        found.append(
+            GroupState(
+                group=_text(name), issued=issued, completed=completed,
+                op=_text(op) if isinstance(op, str) else "",
+                sizes=_text(json.dumps(sizes)) if isinstance(sizes, list) else "",
+            )
+        )  # fmt: skip
+    missing = raw.get("missing")
+    return tuple(found), (_text(missing) if isinstance(missing, str) and not found else "")
+
+
+def _count(value: object) -> int | None:
+    """A sequence number: an int or a decimal string (the recorder writes both), else None."""
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62:
+        return value
+    return None
+
+
+def _text(value: object) -> str:
+    """Printable, at most 80 characters."""
+    return "".join(c if c.isprintable() else "?" for c in str(value))[:80]
 
 
 _SPY_THREAD = re.compile(

@@ -24,8 +24,8 @@ from elastic_hydra.agent.seams import JobShare, NodeAssignment
 from elastic_hydra.agent.worker_env import DUMP_SIGNAL
 from elastic_hydra.hangs import verdict
 from elastic_hydra.plan import LaunchPlan
-from elastic_hydra.records import HangRank, HangRecord, RankState
-from elastic_hydra.rundir import RunDir
+from elastic_hydra.records import GroupState, HangRank, HangRecord, RankState
+from elastic_hydra.rundir import RunDir, write_private
 from elastic_hydra.tracebacks import Frame, ThreadStack, parse_threads
 
 DUMP_WAIT = 3.0  # seconds the ranks get to write their stacks
@@ -83,6 +83,9 @@ class LocalHangWatch:
             return None
         self.reported = True
         record = self.evidence(running, idle, now)
+        after = time.time()
+        for lr in running:  # the CPU time the ranks spent on their dumps is no progress
+            self.ranks[lr].cpu, self.ranks[lr].looked = cpu_seconds(self.workers.pids[lr]), after
         return record if self.job is None else self.job.share_hang(record)
 
     def last_progress(self) -> float | None:
@@ -101,7 +104,8 @@ class LocalHangWatch:
 
     def evidence(self, running: list[int], idle: float, now: float) -> HangRecord:
         """Every rank's place, its stacks saved first; the verdict."""
-        ranks = dump_ranks(self.workers, running)
+        told = frozenset(lr for lr, p in self.ranks.items() if p.collectives is not None)
+        ranks = dump_ranks(self.workers, running, told)
         text, odd = verdict.verdict(ranks, idle)
         return HangRecord(
             verdict=text,
@@ -114,10 +118,25 @@ class LocalHangWatch:
         )
 
 
-def dump_ranks(workers: Workers, running: list[int]) -> list[HangRank]:
-    """Ask every running rank for its stacks at once, then read them (DUMP_WAIT at most)."""
+def dump_ranks(
+    workers: Workers, running: list[int], torch_ranks: frozenset[int] = frozenset()
+) -> list[HangRank]:
+    """Ask every running rank for its stacks at once, and those of `torch_ranks` (local ranks
+    whose torch.distributed has a process group) for their collectives too, then read them
+    (DUMP_WAIT at most)."""
     asked: dict[int, tuple[Path, int]] = {}
     ranks: dict[int, HangRank] = {}
+    collectives = {
+        lr: workers.run.collectives_file(workers.attempt, lr)
+        for lr in running
+        if lr in torch_ranks
+        and workers.bootstrapped
+        and process_state(workers.pids[lr]) not in "Tt"
+    }
+    for path in collectives.values():
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)  # an earlier hang's
+            write_private(Path(f"{path}.request"), "")
     for lr, pid in enumerate(workers.pids):
         base = HangRank(
             rank=workers.ranks[lr], local_rank=lr, pid=pid, host=workers.host,
@@ -135,14 +154,49 @@ def dump_ranks(workers: Workers, running: list[int]) -> list[HangRank]:
             ranks[lr] = base
         else:
             ranks[lr] = _with_threads(replace(base, state=RankState.NO_DUMP), py_spy(pid), None)
-    for lr, text in _read_dumps(asked).items():
+    deadline = time.monotonic() + DUMP_WAIT
+    for lr, text in _read_dumps(asked, deadline).items():
         ranks[lr] = _with_threads(ranks[lr], parse_threads(text), _main_thread(asked[lr][0]))
+    for lr, (groups, why) in _read_collectives(collectives, deadline).items():
+        ranks[lr] = replace(ranks[lr], groups=groups, no_groups=why)
+    for lr, rank in ranks.items():
+        if lr not in collectives and lr in running:
+            ranks[lr] = replace(
+                rank, no_groups=_why_no_collectives(rank, workers, lr in torch_ranks)
+            )
     return [ranks[lr] for lr in sorted(ranks)]
 
 
-def _read_dumps(asked: dict[int, tuple[Path, int]]) -> dict[int, str]:
+def _why_no_collectives(rank: HangRank, workers: Workers, has_groups: bool) -> str:
+    if rank.state is RankState.STOPPED:
+        return "it is stopped"
+    if not workers.bootstrapped:
+        return "not run through the bootstrap (bootstrap=false or cmd=)"
+    return "" if has_groups else "torch.distributed has no process group"
+
+
+def _read_collectives(
+    paths: dict[int, Path], deadline: float
+) -> dict[int, tuple[tuple[GroupState, ...], str]]:
+    """Each asked rank's collectives file, once written (until `deadline`)."""
+    found: dict[int, tuple[tuple[GroupState, ...], str]] = {}
+    while True:
+        for lr, path in paths.items():
+            if lr not in found:
+                with contextlib.suppress(OSError), open(path, "rb") as f:
+                    found[lr] = verdict.parse_groups(f.read(verdict.MAX_GROUPS_NOTE))
+        if len(found) == len(paths) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    for lr, path in paths.items():
+        with contextlib.suppress(OSError):
+            Path(f"{path}.request").unlink(missing_ok=True)
+        found.setdefault(lr, ((), f"no answer within {DUMP_WAIT:g} s"))
+    return found
+
+
+def _read_dumps(asked: dict[int, tuple[Path, int]], deadline: float) -> dict[int, str]:
     """What each asked rank appended to its stacks file, once it stopped growing."""
-    deadline = time.monotonic() + DUMP_WAIT
     sizes = {lr: offset for lr, (_, offset) in asked.items()}
     while time.monotonic() < deadline:
         time.sleep(0.05)

@@ -130,6 +130,7 @@ class LocalWorkerFactory:
             fault_file=str(self.run.fault_file(attempt, local_rank)),
             stacks_file=str(self.run.stacks_file(attempt, local_rank)),
             progress_file=str(self.run.progress_file(attempt, local_rank)),
+            collectives_file=str(self.run.collectives_file(attempt, local_rank)),
             launch_time=self.launch_time,
         )
         rank = node.base_rank + local_rank

@@ -261,6 +261,10 @@ def hang_section(hang: HangRecord, *, plain: bool) -> list[RenderableType]:
         parts.append(Text(where, style="bold yellow"))
         parts += [Text(line) for line in verdict.main_stack_lines(r) or ()]
     parts.append(Text(f"every rank's stacks: {RunDir.stacks_shown(hang.attempt, '<local rank>')}"))
+    if any(r.groups for r in hang.ranks):
+        parts.append(Text(f"collectives: {RunDir.collectives_shown(hang.attempt)}"))
+    if missing := verdict.no_collectives(hang.ranks):
+        parts.append(Text(missing))
     return parts
 
 

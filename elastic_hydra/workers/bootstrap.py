@@ -55,6 +55,7 @@ STACKS_FILE_ENV = "ELASTIC_HYDRA_STACKS_FILE"
 STACKS_SIGNAL_ENV = "ELASTIC_HYDRA_STACKS_SIGNAL"
 PROGRESS_FILE_ENV = "ELASTIC_HYDRA_PROGRESS_FILE"
 PROGRESS_EVERY_ENV = "ELASTIC_HYDRA_PROGRESS_EVERY"
+COLLECTIVES_FILE_ENV = "ELASTIC_HYDRA_COLLECTIVES_FILE"
 LAUNCH_TIME_ENV = "ELASTIC_HYDRA_LAUNCH_TIME"
 _stacks: object = None  # the stacks file: faulthandler writes to it for the worker's lifetime
 
@@ -130,6 +131,7 @@ def _watch_self() -> None:
     stacks, signum = os.environ.pop(STACKS_FILE_ENV, None), os.environ.pop(STACKS_SIGNAL_ENV, None)
     progress = os.environ.get(PROGRESS_FILE_ENV)  # kept: `elastic_hydra.progress()` writes to it
     every = os.environ.pop(PROGRESS_EVERY_ENV, None)
+    collectives = os.environ.pop(COLLECTIVES_FILE_ENV, None)
     if stacks and signum:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
         _stacks = os.fdopen(os.open(stacks, flags, 0o600), "w")
@@ -142,7 +144,8 @@ def _watch_self() -> None:
         stop, done = _thread.allocate_lock(), _thread.allocate_lock()
         stop.acquire()
         done.acquire()
-        _thread.start_new_thread(_note_progress, (fd, float(every), main, stop, done))
+        args = (fd, float(every), main, (stop, done), collectives)
+        _thread.start_new_thread(_note_progress, args)
 
         def end_watch() -> None:
             # Before the interpreter finalizes: a thread still running then is ended by
@@ -166,7 +169,9 @@ _STDLIB = os.path.dirname(os.__file__) + os.sep
 _MAX_GROUPS = 64  # process groups counted at one look
 
 
-def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> None:
+def _note_progress(
+    fd: int, every: float, main: int, locks: tuple[Any, Any], collectives: str | None
+) -> None:
     """At each look: the time the main thread's stack last changed, the last look that found
     the main thread had run Python code (anywhere, and in the user's own frame), and the count of
     collectives issued (see the lines above).
@@ -176,7 +181,9 @@ def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> No
     look finds it in the same call, which a loop's `sleep` or a GPU loop's `.item()` makes likely.
     Such a loop still comes back to its own frame between two calls: the probe asked while the
     main thread was in a call made from the user's frame, and answered, tells that it did.
+    When the agent asks (`collectives` + ".request" exists), it writes `_collective_state()`.
     """
+    stop, done = locks
     try:
         last, probe, asked_in_user, count = None, _Probe.make(), False, None
         if probe is not None:
@@ -206,6 +213,8 @@ def _note_progress(fd: int, every: float, main: int, stop: Any, done: Any) -> No
             if (issued := _collectives()) is not None and issued != count:
                 count = issued
                 os.pwrite(fd, b"%-20d\n" % issued, COLLECTIVES * _LINE)
+            if collectives and os.path.exists(collectives + ".request"):
+                _write_collectives(collectives)
             if stop.acquire(timeout=every):  # released: the worker is exiting
                 return
     except BaseException:  # never the worker's problem
@@ -238,6 +247,93 @@ def _collectives() -> int | None:
         return sum(int(pg._get_sequence_number_for_group()) for pg in groups)
     except Exception:  # torch changed, a group torn down meanwhile: no count this time
         return None
+
+
+_FR_FILE = "flight_recorder_rank_"  # + the rank: torch's own dump, as torchfrtrace reads it
+
+
+def _write_collectives(path: str) -> None:
+    """`_collective_state()` as JSON in `path` and, where the flight recorder has entries, its
+    own dump (a pickle) beside it for torchfrtrace; each file written whole; the request gone."""
+    import json
+
+    state, dump = _collective_state()
+    if dump:
+        name = os.path.join(os.path.dirname(path), _FR_FILE + os.environ.get("RANK", "0"))
+        _write_whole(name, dump)
+    _write_whole(path, json.dumps(state, default=repr).encode())
+    try:  # noqa: SIM105 (contextlib is one more import in every worker's start)
+        os.unlink(path + ".request")
+    except OSError:
+        pass
+
+
+def _collective_state() -> tuple[dict[str, Any], bytes]:
+    """This process's collectives, per process group: the last issued (torch's sequence number)
+    and, from the flight recorder, the last completed, the op and its sizes; and the recorder's
+    own dump (b"" without one). `missing` says what is not known and why."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None:
+        return {"missing": "torch.distributed is not imported"}, b""
+    try:
+        world = c10d._world
+        groups = {
+            str(world.pg_names.get(pg, "?")): {"issued": int(pg._get_sequence_number_for_group())}
+            for pg in list(world.pg_map)[:_MAX_GROUPS]
+        }
+    except Exception as exc:
+        return {"missing": f"torch.distributed's groups cannot be read ({exc!r:.80})"}, b""
+    if not groups:
+        return {"missing": "torch.distributed has no process group"}, b""
+    import json
+
+    try:
+        recorder = sys.modules["torch._C._distributed_c10d"]
+        dump = recorder._dump_fr_trace(True, False, False)  # no C++ stacks: seconds
+        fr = json.loads(recorder._dump_fr_trace_json(True, False))
+    except Exception as exc:
+        return {"groups": groups, "missing": f"the flight recorder cannot dump ({exc!r:.80})"}, b""
+    entries = fr.get("entries") or []
+    for entry in entries:
+        group = groups.get(str((entry.get("process_group") or ["?"])[0]))
+        if group is not None and not entry.get("is_p2p"):
+            group.update(
+                seq=entry.get("collective_seq_id"), op=entry.get("profiling_name"),
+                sizes=entry.get("input_sizes"), done=entry.get("retired"),
+            )  # fmt: skip
+    for pg_id, status in (fr.get("pg_status") or {}).items():
+        group = groups.get(str(pg_id))
+        if group is not None:
+            group["completed"] = status.get("last_completed_collective")
+    on = bool(entries or fr.get("pg_config"))  # an empty config: the recorder is off
+    if on:
+        dump = _for_torchfrtrace(dump, world)
+    missing = "" if on else "the flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"
+    return {"groups": groups, "missing": missing}, dump if on else b""
+
+
+def _for_torchfrtrace(dump: bytes, world: Any) -> bytes:
+    """torch's own dump (a pickle torch made in this process), as torchfrtrace reads it: with
+    `entries` even before the first collective, and each group's members in `pg_config`, which
+    gloo's recorder leaves empty."""
+    import pickle
+
+    data = pickle.loads(dump)
+    data.setdefault("entries", [])
+    data["pg_config"] = {
+        str(name): {"name": str(name), "desc": str(getattr(pg, "group_desc", "")),
+                    "ranks": str(sorted(world.pg_group_ranks.get(pg, {})))}
+        for pg, name in list(world.pg_names.items())[:_MAX_GROUPS]
+    }  # fmt: skip
+    return pickle.dumps(data)
+
+
+def _write_whole(path: str, data: bytes) -> None:
+    """`data` in `path`, whole or not at all: a reader never sees a half-written file."""
+    part = f"{path}.{os.getpid()}.part"
+    with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(data)
+    os.replace(part, path)
 
 
 class _Probe:
@@ -425,12 +521,15 @@ def _record(exc: BaseException, when: float) -> None:
         return
     try:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        ours: dict[str, Any] = {"time": when, "stacks": _chain(exc)}
+        if "torch.distributed.distributed_c10d" in sys.modules:  # its last collectives
+            ours["collectives"] = _collective_state()[0]
         data = {
             "message": {
                 "message": f"{type(exc).__name__}: {_text(exc)}",
                 "extraInfo": {"py_callstack": text, "timestamp": str(int(when))},
             },
-            "elastic_hydra": {"time": when, "stacks": _chain(exc)},
+            "elastic_hydra": ours,
         }
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             json.dump(data, f, default=repr)

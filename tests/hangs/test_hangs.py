@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pytest
 from elastic_hydra.agent.events import Hang, WorkersStarted
 from elastic_hydra.hangs import share, verdict
 from elastic_hydra.plan import HangAction
-from elastic_hydra.records import HangRank, HangRecord, RankState
+from elastic_hydra.records import GroupState, HangRank, HangRecord, RankState
 from elastic_hydra.tracebacks import parse_threads
 from tests.conftest import WORKERS, free_port, wait_for
 from tests.harness import run, started
@@ -113,6 +114,74 @@ def test_a_progress_note_is_read_as_untrusted_fixed_width_lines(
     data: bytes, expected: verdict.Notes
 ) -> None:
     assert verdict.Notes.parse(data) == expected
+
+
+def group(issued: int, completed: int | None = None, op: str = "gloo:all_reduce") -> GroupState:
+    return GroupState(group="0", issued=issued, completed=completed, op=op, sizes="[[2]]")
+
+
+def hang_rank(rank: int, *groups: GroupState, where: str = "train.py") -> HangRank:
+    return HangRank(rank=rank, local_rank=rank, pid=100 + rank, state=RankState.DUMPED,
+                    file=where, line=7, call="torch.distributed.distributed_c10d.all_reduce",
+                    groups=groups)  # fmt: skip
+
+
+def test_the_collective_names_the_rank_that_never_entered_it_when_the_stacks_cannot() -> None:
+    # Every rank in the same all_reduce call on the same line: the stacks cannot tell. Rank 2
+    # issued one collective fewer: it is the one the others wait for.
+    ranks = [hang_rank(0, group(5, 4)), hang_rank(1, group(5, 4)), hang_rank(2, group(4, 4))]
+    text, odd = verdict.verdict(ranks, idle=12.0)
+    assert odd == {2}
+    assert "cannot tell" not in text
+    assert text.endswith(
+        "; collective #5 gloo:all_reduce of group 0 (sizes [[2]]): ranks 0,1 in it,"
+        " rank 2 never entered it (at #4)"
+    )
+    # Every rank in it: the collective adds the place, but no rank to blame.
+    text, odd = verdict.verdict([hang_rank(0, group(5, 4)), hang_rank(1, group(5, 4))], 12.0)
+    assert odd == frozenset() and "cannot tell which rank" in text
+    assert "ranks 0,1 in it" in text and "never entered" not in text
+    # A rank that did not tell its collectives: the sequence numbers alone blame no one.
+    silent = [hang_rank(0, group(5, 4)), hang_rank(1, group(4, 4)), hang_rank(2)]
+    assert verdict.collectives(silent)[1] == frozenset()
+    assert verdict.no_collectives([replace(silent[2], no_groups="no answer within 3 s")]) == (
+        "no collectives from rank 2: no answer within 3 s"
+    )
+    # Finished collectives on every rank: nothing to say.
+    assert verdict.collectives([hang_rank(0, group(5, 5)), hang_rank(1, group(5, 5))]) == (
+        "",
+        frozenset(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "groups", "why"),
+    [
+        (
+            b'{"groups": {"0": {"issued": 3, "completed": "2", "op": "gloo:barrier", '
+            b'"sizes": [[1]]}}, "missing": ""}',
+            (GroupState(group="0", issued=3, completed=2, op="gloo:barrier", sizes="[[1]]"),),
+            "",
+        ),
+        (
+            b'{"missing": "torch.distributed is not imported"}',
+            (),
+            "torch.distributed is not imported",
+        ),
+        (b"[1, 2", (), "its collectives file does not read as JSON"),
+        (b"[" * 100_000, (), "its collectives file does not read as JSON"),
+        (
+            b'{"groups": {"0": {"issued": -1}, "1": {"issued": true}, "2": 5, '
+            b'"\\u001b[2J": {"issued": 1, "op": 7, "sizes": "x"}}}',
+            (GroupState(group="?[2J", issued=1),),
+            "",
+        ),
+    ],
+)
+def test_a_collectives_file_is_read_as_untrusted(
+    data: bytes, groups: tuple[GroupState, ...], why: str
+) -> None:
+    assert verdict.parse_groups(data) == (groups, why)
 
 
 def test_a_gpu_ranks_cpu_time_counts_only_while_its_main_thread_runs_python() -> None:
@@ -263,6 +332,11 @@ def test_a_rank_late_for_all_reduce_is_named_within_the_timeout(
     assert "ranks 0,1 in torch.distributed.distributed_c10d.all_reduce called from " \
            "hang_gloo.py:36" in hang["verdict"]  # fmt: skip
     assert [r["odd"] for r in hang["ranks"]] == [False, False, True]
+    # The collective the others wait in, from their own sequence numbers and Flight Recorder.
+    assert hang["verdict"].endswith(
+        "; collective #1 gloo:all_reduce of group 0 (sizes [[2]]): ranks 0,1 in it,"
+        " rank 2 never entered it (at #0)"
+    )
     main = next(t for t in hang["ranks"][2]["threads"] if t["main"])
     assert main["frames"][-1]["name"] == "load_batch"
     # Every rank's stacks were written before any signal stopped it, in the attempt's dir.
@@ -281,6 +355,15 @@ def test_a_rank_late_for_all_reduce_is_named_within_the_timeout(
     assert (
         hang["verdict"] in shown.stdout and 'hang_gloo.py", line 26, in load_batch' in shown.stdout
     )
+    if action == "fail":  # torch's own analyser reads the dumps and agrees
+        assert "torchfrtrace attempt_0 --prefix flight_recorder_rank_" in shown.stdout
+        frtrace = subprocess.run(
+            [Path(sys.executable).parent / "torchfrtrace", str(run_dir / "attempt_0"),
+             "--prefix", "flight_recorder_rank_"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        said = frtrace.stdout + frtrace.stderr  # it logs to stderr
+        assert "missing ranks: {2}" in said and "collective: gloo:all_reduce" in said
 
 
 def probe(
