@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from host import SHARED_CORES
 from workloads import FLOOR, LAUNCHERS
 
 TargetKind = Literal["ratio_at_most", "ratio_at_least", "ours_zero", "bound", "none"]
@@ -228,13 +229,23 @@ def rows(samples: Samples) -> list[dict[str, Any]]:
     return out
 
 
+def others_text(meta: dict[str, Any]) -> str:
+    """What other processes used of the CPU over the run, and whether that made the machine
+    shared; nothing for results from before it was measured."""
+    cores = meta.get("others_cores")
+    if cores is None:
+        return ""
+    shared = " (other work shared this machine)" if cores >= SHARED_CORES else ""
+    return f"; other processes used {cores:.2f} cores on average over the run{shared}"
+
+
 def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
     """The report: machine, versions, the table with targets, how each metric is measured."""
     lines = [
         "# elastic-hydra vs torchrun: launcher overhead",
         "",
         f"- Machine: {meta['cpu_model']}, {meta['cores']} cores; load average at start "
-        f"{meta['loadavg']} (other work shares this machine)",
+        f"{meta['loadavg']}{others_text(meta)}",
         f"- Date: {meta['date']}",
         f"- Python {meta['python']}, torch {meta['torch']}, elastic-hydra {meta['elastic_hydra']}",
         f"- Runs per metric: {meta['runs']} per launcher, alternating elastic-hydra / torchrun "

@@ -31,6 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from host import others_cores, read_cpu
 from measure import (
     LOGS_NPROC,
     MEMORY_NPROC,
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         leftovers=[],
     )
     samples: Samples = {}
-    started = time.monotonic()
+    started, cpu = time.monotonic(), read_cpu()
     with tempfile.TemporaryDirectory(prefix="eh-bench-") as tmp:
         root = Path(tmp)
         bench = Bench(root=root, worker=write_worker(root), lines=lines)
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep(str(root))
     samples = {k: v for k, v in samples.items() if metric_of(k).family in args.families}
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
+    meta["others_cores"] = round(others_cores(cpu, read_cpu()), 3)
     text = write(args.out, meta, samples)
     write_svg(args.out / "latest.svg", rows(samples))
     print(text)

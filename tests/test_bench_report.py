@@ -1,10 +1,12 @@
 """The benchmark harness's report (benchmarks/report.py) with its floor (no launcher) columns,
-and the floor program itself."""
+the floor program itself, and what other processes used of the machine meanwhile
+(benchmarks/host.py)."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -99,3 +101,45 @@ def test_the_floor_program_starts_every_rank_with_a_launchers_env(
     spawning = float((stamps / "fail").read_text().split()[0])
     starts = [float((stamps / f"start_0_{r}").read_text().split()[0]) for r in range(3)]
     assert spawning <= min(starts)
+
+
+def test_the_report_says_the_machine_was_shared_only_when_other_processes_used_it(
+    bench: tuple[ModuleType, ModuleType],
+) -> None:
+    report, _ = bench
+
+    def machine(**meta: object) -> str:
+        text: str = report.markdown({**META, **meta}, report.rows({"launch@4": LAUNCH}))
+        return next(ln for ln in text.splitlines() if ln.startswith("- Machine:"))
+
+    assert machine() == "- Machine: test, 2 cores; load average at start 0 0 0"  # older results
+    assert machine(others_cores=0.01) == (
+        "- Machine: test, 2 cores; load average at start 0 0 0; other processes used 0.01 cores "
+        "on average over the run"
+    )
+    assert machine(others_cores=0.4).endswith(
+        "used 0.40 cores on average over the run (other work shared this machine)"
+    )
+
+
+def test_other_processes_cpu_is_the_hosts_less_the_harnesss_and_its_waited_children(
+    bench: tuple[ModuleType, ModuleType],
+) -> None:
+    host = importlib.import_module("host")
+    start = host.CpuReading(at=10.0, host_s=100.0, ours_s=5.0)
+    end = host.CpuReading(at=20.0, host_s=112.0, ours_s=13.0)
+    assert host.others_cores(start, end) == pytest.approx(0.4)  # 12 s of CPU, 8 of them ours
+    assert host.others_cores(start, host.CpuReading(at=20.0, host_s=108.0, ours_s=13.0)) == 0.0
+    # A live child: other work until it is waited for, the harness's own from then on. Other
+    # processes on the host can only add to the first figure, never to the second.
+    burn = "import time\nwhile time.process_time() < 0.3: pass"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        before = host.read_cpu()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+        exited = host.read_cpu()
+    finally:
+        child.wait(timeout=60)
+    reaped = host.read_cpu()
+    assert (exited.host_s - before.host_s) - (exited.ours_s - before.ours_s) >= 0.25
+    assert reaped.ours_s - exited.ours_s >= 0.25

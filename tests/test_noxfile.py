@@ -1,5 +1,6 @@
 """The test command cannot be a false green: every nox session runs on a supported Python that
-is present (the one running nox when it is 3.11 or newer), and fails when none is.
+is present (the one running nox when it is 3.11 or newer), and fails when none is. Nor a red one
+that no change of ours caused: nox, ruff and mypy are pinned, alike everywhere they are installed.
 
 nox is not installed where the tests run: the noxfile is loaded with a stand-in `nox` module
 that records what it declares.
@@ -8,7 +9,9 @@ that records what it declares.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
+import tomllib
 from collections.abc import Callable, Iterator
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -68,3 +71,16 @@ def test_every_session_runs_on_the_python_running_nox_when_it_is_supported(
     # finds on PATH or fails for (error_on_missing_interpreters), never skips.
     assert choose((3, 10), "/usr/bin/python3.10") == "3.11"
     assert choose((3, 8, 18), "/usr/bin/python3.8") == "3.11"
+
+
+def test_the_tools_are_pinned_alike_in_the_noxfile_the_dev_extra_and_ci(
+    noxfile: tuple[FakeNox, ModuleType],
+) -> None:
+    _, module = noxfile
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    dev = pyproject["project"]["optional-dependencies"]["dev"]
+    ci = re.search(r'^NOX="(nox==[^"]+)"$', (REPO / ".ci" / "run").read_text(), re.M)
+    assert ci is not None, ".ci/run installs no pinned nox"
+    pins = [module.RUFF, module.MYPY, ci.group(1)]
+    assert [p for p in pins if not re.fullmatch(r"[a-z]+==[0-9.]+", p)] == []
+    assert [p for p in pins if p not in dev] == []
