@@ -202,6 +202,12 @@ class NodeRange:
         return str(self.min) if self.min == self.max else f"{self.min}:{self.max}"
 
 
+# hang.timeout=auto: the rule the watch learns the job's rhythm by (see HangSpec).
+LEARN_FLOOR = 60.0  # seconds: a learned timeout is never shorter
+LEARN_MULTIPLE = 5.0  # times the longest gap between progress events seen
+LEARN_GAPS = 20  # gaps seen before the learned timeout applies (the cap until then)
+
+
 class HangAction(enum.StrEnum):
     REPORT = "report"  # dump every rank's stack, give the verdict, keep running
     RESTART = "restart"  # ... then stop the workers: a failure under the restart policy
@@ -211,9 +217,14 @@ class HangAction(enum.StrEnum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HangSpec:
     """When a job counts as hung: no rank made progress for `timeout` seconds (None: never),
-    and not within the first `warmup` seconds of an attempt; how long its workers get to stop."""
+    and not within the first `warmup` seconds of an attempt; how long its workers get to stop.
+
+    `learned` (hang.timeout=auto, the default): `timeout` is the most the watch waits; once it
+    has seen LEARN_GAPS gaps between the job's progress events, it calls a hang after
+    LEARN_MULTIPLE times the longest of them, and never before LEARN_FLOOR seconds."""
 
     timeout: float | None = 300.0
+    learned: bool = False
     warmup: float = 0.0
     action: HangAction = HangAction.REPORT
     grace: float = 5.0  # SIGTERM to SIGKILL for the workers of a hang (at most stop_grace)
@@ -222,12 +233,17 @@ class HangSpec:
     def first_verdict(self) -> float | None:
         """The earliest a hang can be declared after an attempt starts (None: never). Idle time
         counts from the start, so a warm-up shorter than the timeout changes nothing."""
-        return None if self.timeout is None else max(self.timeout, self.warmup)
+        if self.timeout is None:
+            return None
+        return max(min(LEARN_FLOOR, self.timeout) if self.learned else self.timeout, self.warmup)
 
     @property
     def sample(self) -> float:
         """How often each worker looks at its own stack (and the agent at the workers)."""
         return 1.0 if self.timeout is None else max(0.05, min(1.0, self.timeout / 5))
+
+
+LEARNED = HangSpec(learned=True)  # the default: hang.timeout=auto
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,7 +280,7 @@ class LaunchPlan:
     local_addr: str | None = None
     restart: RestartSpec = RestartSpec()
     logs: LogSpec = LogSpec()
-    hang: HangSpec = HangSpec()
+    hang: HangSpec = LEARNED
     metrics: MetricsSpec = MetricsSpec()
     stop_grace: float = 30.0
     monitor_interval: float = 0.1

@@ -209,10 +209,17 @@ class Stop(_Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HangWatchStarted(_Event):
     kind: ClassVar[EventKind] = EventKind.HANG_WATCH
-    timeout: float  # hang.timeout
+    timeout: float  # hang.timeout (learned: the most it waits)
     warmup: float  # hang.warmup
     first_verdict: float  # seconds after an attempt starts: max(timeout, warmup)
     action: HangAction
+    learned: bool = False  # hang.timeout=auto
+
+    def to_json(self) -> dict[str, Any]:
+        line = _Event.to_json(self)
+        if not self.learned:  # as lines read before the key existed
+            del line["learned"]
+        return line
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

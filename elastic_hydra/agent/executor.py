@@ -183,7 +183,7 @@ class Executor(CollateralWait, RoundGates):
         if self.state.attempts == 0 and spec.timeout is not None and spec.first_verdict:
             watch = events.HangWatchStarted(
                 **self._now(), timeout=spec.timeout, warmup=spec.warmup,
-                first_verdict=spec.first_verdict, action=spec.action,
+                first_verdict=spec.first_verdict, action=spec.action, learned=spec.learned,
             )  # fmt: skip
             self.observer.emit(watch)
 

@@ -110,8 +110,10 @@ class LogsConf:
 
 @dataclass
 class HangConf:
-    timeout: float | None = key(
-        300.0, "seconds with no progress on any rank before the job counts as hung; null: off"
+    timeout: Any = key(
+        "auto",
+        "seconds with no progress on any rank before the job counts as hung; auto: learned from"
+        " the job's rhythm, 5x the longest gap between progress events, 60 to 300 s; null: off",
     )
     warmup: float = key(
         0.0,

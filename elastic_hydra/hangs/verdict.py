@@ -28,6 +28,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from elastic_hydra.plan import LEARN_FLOOR, LEARN_GAPS, LEARN_MULTIPLE
 from elastic_hydra.records import GroupState, HangRank, RankState
 from elastic_hydra.tracebacks import Frame, ThreadStack, is_launcher_frame
 
@@ -117,6 +118,28 @@ class RankProgress:
         if self.gpu and ran is not None and ran <= self.looked - (now - self.looked):
             return False
         return cpu - self.cpu >= CPU_BUSY * max(now - self.looked, 1e-3)
+
+
+@dataclass(slots=True)
+class Rhythm:
+    """hang.timeout=auto: the gaps between a job's progress events, from the idle time of each
+    look (a gap ends when the idle time drops), and the timeout they give."""
+
+    longest: float = 0.0  # the longest gap seen
+    gaps: int = 0  # gaps seen
+    idle: float = 0.0  # the idle time at the previous look
+
+    def see(self, idle: float) -> None:
+        if idle < self.idle:  # progress since the previous look: a gap of at least self.idle
+            self.longest, self.gaps = max(self.longest, self.idle), self.gaps + 1
+        self.idle = idle
+
+    def timeout(self, cap: float) -> float:
+        """LEARN_MULTIPLE times the longest gap, between LEARN_FLOOR and `cap`; `cap` until
+        LEARN_GAPS gaps were seen."""
+        if self.gaps < LEARN_GAPS:
+            return cap
+        return min(cap, max(LEARN_FLOOR, LEARN_MULTIPLE * self.longest))
 
 
 def idle_for(ranks: Sequence[RankProgress], now: float) -> float:

@@ -56,6 +56,7 @@ class LocalHangWatch:
         self.workers = Workers(run=run, attempt=0, pids=(), ranks=(), host=host)
         self.started, self.reported = 0.0, False
         self.ranks: dict[int, verdict.RankProgress] = {}
+        self.rhythm = verdict.Rhythm()
 
     def start(self, pids: list[int], node: NodeAssignment, attempt: int) -> None:
         now = time.time()
@@ -65,6 +66,7 @@ class LocalHangWatch:
             node_rank=node.group_rank, bootstrapped=self.bootstrapped,
         )  # fmt: skip
         self.started, self.reported = now, False
+        self.rhythm = verdict.Rhythm()
         self.ranks = {lr: verdict.RankProgress(last_progress=now) for lr in range(len(pids))}
 
     def check(self, running: list[int]) -> HangRecord | None:
@@ -75,18 +77,28 @@ class LocalHangWatch:
         idle = verdict.idle_for([self.ranks[lr] for lr in running], now)
         if self.job is not None:  # any rank on any node counts
             idle = now - self.job.share_progress(now - idle)
-        assert self.spec.timeout is not None
-        if idle < self.spec.timeout:
+        timeout = self.timeout(idle, now)
+        if idle < timeout:
             self.reported = False  # progress again: the next hang is a new one
             return None
         if self.reported or now - self.started < self.spec.warmup:
             return None
         self.reported = True
-        record = self.evidence(running, idle, now)
+        record = replace(self.evidence(running, idle, now), timeout_s=round(timeout, 3))
         after = time.time()
         for lr in running:  # the CPU time the ranks spent on their dumps is no progress
             self.ranks[lr].cpu, self.ranks[lr].looked = cpu_seconds(self.workers.pids[lr]), after
         return record if self.job is None else self.job.share_hang(record)
+
+    def timeout(self, idle: float, now: float) -> float:
+        """The timeout of this look: hang.timeout, or the one learned from the gaps between the
+        job's progress events (`verdict.Rhythm`), counted once the attempt is past its warm-up."""
+        assert self.spec.timeout is not None
+        if not self.spec.learned:
+            return self.spec.timeout
+        if now - self.started >= self.spec.warmup:
+            self.rhythm.see(idle)
+        return self.rhythm.timeout(self.spec.timeout)
 
     def last_progress(self) -> float | None:
         """seams.HangWatch: the latest progress of any rank of this attempt, as last seen."""

@@ -21,7 +21,7 @@ from elastic_hydra.agent.events import (
     Stopping,
     WarmFallback,
 )
-from elastic_hydra.plan import HangAction, HangSpec
+from elastic_hydra.plan import LEARN_FLOOR, LEARN_GAPS, LEARN_MULTIPLE, LEARNED, HangAction
 from elastic_hydra.records import RunSummary
 from elastic_hydra.rundir import RunDir
 
@@ -62,10 +62,11 @@ def progress(event: Event, *, multi_node: bool) -> None:
                 f"{then.get(event.action, 'stopping the job')} (hang.action={event.action})"
             )
         case HangWatchStarted() if _set_by_user(event):
+            timeout = "auto" if event.learned else f"{event.timeout:g}"
             say(
-                f"elastic-hydra: hang watch: {event.timeout:g} s without progress on any rank is"
+                f"elastic-hydra: hang watch: {_hang_rule(event)} without progress on any rank is"
                 f" a hang, the first verdict {event.first_verdict:g} s after the start at the"
-                f" earliest (hang.timeout={event.timeout:g}, hang.warmup={event.warmup:g});"
+                f" earliest (hang.timeout={timeout}, hang.warmup={event.warmup:g});"
                 f" then {event.action} (hang.action)"
             )
         case Stopping(hung=True):
@@ -100,11 +101,21 @@ def progress(event: Event, *, multi_node: bool) -> None:
 def _set_by_user(watch: HangWatchStarted) -> bool:
     """Whether a hang key differs from its default: the watch's timing is then said at the
     start (with the defaults, a line on every launch would be noise; `--plan` shows it)."""
-    default = HangSpec()
-    return (watch.timeout, watch.warmup, watch.action) != (
+    default = LEARNED
+    return (watch.learned, watch.timeout, watch.warmup, watch.action) != (
+        default.learned,
         default.timeout,
         default.warmup,
         default.action,
+    )
+
+
+def _hang_rule(watch: HangWatchStarted) -> str:
+    if not watch.learned:
+        return f"{watch.timeout:g} s"
+    return (
+        f"{LEARN_MULTIPLE:g}x the longest gap between the job's progress events (learned from"
+        f" {LEARN_GAPS} of them; {LEARN_FLOOR:g} to {watch.timeout:g} s)"
     )
 
 

@@ -18,6 +18,9 @@ from elastic_hydra.durations import show_duration
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.health import PreflightMode
 from elastic_hydra.plan import (
+    LEARN_FLOOR,
+    LEARN_GAPS,
+    LEARN_MULTIPLE,
     Dynamic,
     DynamicBackend,
     HangAction,
@@ -162,11 +165,20 @@ def describe_hang(plan: LaunchPlan) -> str:
         return "not watched (hang.timeout=null)"
     grace = min(h.grace, plan.stop_grace)
     after = "" if h.action is HangAction.REPORT else f"; SIGKILL {grace:g} s after SIGTERM"
+    then = f"then {h.action} (hang.action){after}{' (hang.grace)' if after else ''}"
+    if h.learned:
+        return (
+            f"first verdict {h.first_verdict:g} s after an attempt starts at the earliest (the "
+            f"longer of {LEARN_FLOOR:g} s and hang.warmup={h.warmup:g})\n"
+            f"a hang: no progress on any rank for {LEARN_MULTIPLE:g}x the longest gap between "
+            f"the job's progress events, once {LEARN_GAPS} gaps were seen after the warm-up, "
+            f"at least {LEARN_FLOOR:g} s and at most {h.timeout:g} s ({h.timeout:g} s until "
+            f"then; hang.timeout=auto)\n{then}"
+        )
     return (
         f"first verdict {h.first_verdict:g} s after an attempt starts at the earliest (the "
         f"longer of hang.timeout={h.timeout:g} and hang.warmup={h.warmup:g})\n"
-        f"a hang: no progress on any rank for {h.timeout:g} s (hang.timeout)\n"
-        f"then {h.action} (hang.action){after}{' (hang.grace)' if after else ''}"
+        f"a hang: no progress on any rank for {h.timeout:g} s (hang.timeout)\n{then}"
     )
 
 

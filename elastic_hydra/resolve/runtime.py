@@ -4,6 +4,8 @@ the extra environment, the role name, and durations in seconds.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 import signal
 import string
@@ -14,6 +16,7 @@ from elastic_hydra.config.schema import HangConf, LogsConf, MetricsConf, Restart
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import (
     DEFAULT_PREFIX,
+    LEARNED,
     MULTINODE_PREFIX,
     Action,
     Backoff,
@@ -215,13 +218,33 @@ def resolve_hang(h: HangConf) -> HangSpec:
         raise ConfigError(
             "hang.action", "not a hang action", h.action, "expected report, restart or fail"
         ) from None
-    timeout = None if h.timeout is None else seconds("hang.timeout", h.timeout)
+    learned, timeout = _hang_timeout(h.timeout)
     return HangSpec(
         timeout=timeout,
+        learned=learned,
         warmup=seconds("hang.warmup", h.warmup, True),
         action=action,
         grace=seconds("hang.grace", h.grace, True),
     )
+
+
+def _hang_timeout(value: object) -> tuple[bool, float | None]:
+    """hang.timeout: (learned, the timeout or, learned, its cap); auto, seconds or null."""
+    if value is None:
+        return False, None
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return True, LEARNED.timeout
+    number: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    if number is None or not math.isfinite(number):
+        raise ConfigError(
+            "hang.timeout", "not a timeout", value, "expected seconds > 0, auto or null"
+        )
+    return False, seconds("hang.timeout", number)
 
 
 def resolve_metrics(m: MetricsConf) -> MetricsSpec:

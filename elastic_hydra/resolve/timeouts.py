@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from elastic_hydra.config.schema import ElasticHydraConf, HangConf, PreflightConf, RdzvConf
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.health import PreflightMode
-from elastic_hydra.plan import Dynamic, DynamicBackend, LaunchPlan
+from elastic_hydra.plan import LEARN_FLOOR, Dynamic, DynamicBackend, LaunchPlan
 
 # torch 2.13's defaults (torch/csrc/distributed/c10d: ProcessGroup.hpp kProcessGroupDefaultTimeout,
 # ProcessGroupNCCL.hpp kProcessGroupNCCLDefaultTimeout; distributed_c10d._get_default_timeout).
@@ -152,12 +152,19 @@ def _hang(plan: LaunchPlan) -> Layer:
     hang = plan.hang
     if hang.timeout is None:
         source = "hang.timeout=null: off"
+    elif hang.learned:
+        source = (
+            f"hang.timeout=auto: learned from the job's rhythm, {min(LEARN_FLOOR, hang.timeout):g}"
+            f" to {hang.timeout:g} s"
+        )
     else:
-        source = _given("hang.timeout", hang.timeout, _HANG.timeout or 0.0)
+        source = f"hang.timeout={hang.timeout:g}"
         if hang.warmup > hang.timeout:
             source += f", hang.warmup={hang.warmup:g} (the first verdict comes after it)"
+    # The latest a hang is called (a learned timeout's cap): what the layers above must outlast.
+    latest = None if hang.timeout is None else max(hang.timeout, hang.warmup)
     return Layer(
-        name="hang", seconds=hang.first_verdict, key="hang.timeout", source=source,
+        name="hang", seconds=latest, key="hang.timeout", source=source,
         why=f"no progress on any rank: every rank's stack saved, then {hang.action.value}",
     )  # fmt: skip
 

@@ -433,8 +433,33 @@ def test_hang_keys_are_checked() -> None:
 
     with pytest.raises(Exception, match=r"hang\.action: not a hang action"):
         plan_of(f"script={WORKERS / 'hang_probe.py'}", "hang.action=kill")
-    assert plan_of(f"script={WORKERS / 'hang_probe.py'}", "hang.timeout=null").hang.timeout is None
-    assert sys.executable
+    script = f"script={WORKERS / 'hang_probe.py'}"
+    assert plan_of(script, "hang.timeout=null").hang.timeout is None
+    default = plan_of(script).hang
+    assert (default.learned, default.timeout, default.first_verdict) == (True, 300.0, 60.0)
+    for given in ("90", "'90'", "90.0"):
+        fixed = plan_of(script, f"hang.timeout={given}").hang
+        assert (fixed.learned, fixed.timeout, fixed.first_verdict) == (False, 90.0, 90.0)
+    for bad, why in (("soon", "not a timeout"), ("true", "not a timeout"),
+                     ("nan", "is not a finite number"), ("-3", "must be positive")):  # fmt: skip
+        with pytest.raises(Exception, match=rf"hang\.timeout: {why}"):
+            plan_of(script, f"hang.timeout={bad}")
+
+
+def test_the_learned_timeout_is_five_times_the_longest_gap_between_60_and_the_cap() -> None:
+    rhythm = verdict.Rhythm()
+    for idle in [0.2, 0.9, 0.1] * 6 + [0.8]:  # 6 gaps (a drop of the idle time ends one)
+        rhythm.see(idle)
+    assert (rhythm.gaps, rhythm.timeout(300.0)) == (6, 300.0)  # too few seen: the cap
+    for idle in [14.0, 0.1] + [0.5, 0.1] * 14:  # a 14 s evaluation among them
+        rhythm.see(idle)
+    assert rhythm.gaps >= 20 and rhythm.longest == 14.0
+    assert rhythm.timeout(300.0) == 70.0
+    assert rhythm.timeout(50.0) == 50.0  # never above the cap
+    short = verdict.Rhythm(longest=1.0, gaps=20)
+    assert short.timeout(300.0) == 60.0  # never below the floor
+    long = verdict.Rhythm(longest=120.0, gaps=20)
+    assert long.timeout(300.0) == 300.0
 
 
 def test_stacks_shows_a_live_jobs_ranks_grouped_without_stopping_them(tmp_path: Path) -> None:

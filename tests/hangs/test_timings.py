@@ -74,7 +74,7 @@ def test_a_hung_group_is_stopped_with_hang_grace_at_most_stop_grace(
 def test_plan_says_when_the_first_verdict_can_come(tmp_path: Path) -> None:
     script = f"script={WORKERS / 'hang_probe.py'}"
     shown = {}
-    for extra in ("hang.timeout=120", "hang.warmup=600", "hang.timeout=null"):
+    for extra in ("hang.timeout=120", "hang.warmup=600", "hang.timeout=null", "hang.timeout=auto"):
         proc = run(script, extra, "hang.action=fail", "--plan", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         shown[extra] = " ".join(proc.stdout.split())  # the table may fold the row
@@ -86,6 +86,12 @@ def test_plan_says_when_the_first_verdict_can_come(tmp_path: Path) -> None:
     )
     assert "hangs first verdict 600 s after" in shown["hang.warmup=600"]
     assert "hangs not watched (hang.timeout=null)" in shown["hang.timeout=null"]
+    assert (  # the default
+        "hangs first verdict 60 s after an attempt starts at the earliest (the longer of 60 s "
+        "and hang.warmup=0) a hang: no progress on any rank for 5x the longest gap between the "
+        "job's progress events, once 20 gaps were seen after the warm-up, at least 60 s and at "
+        "most 300 s (300 s until then; hang.timeout=auto)" in shown["hang.timeout=auto"]
+    )
     assert plan_of(script, "hang.timeout=120").hang.first_verdict == 120.0
 
 
