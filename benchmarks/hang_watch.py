@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BOOTSTRAP = Path(__file__).resolve().parents[1] / "elastic_hydra" / "bootstrap.py"
+BOOTSTRAP = Path(__file__).resolve().parents[1] / "elastic_hydra" / "workers" / "bootstrap.py"
 LOOP = """import json, sys, time
 total = 0
 for i in range(25_000_000):

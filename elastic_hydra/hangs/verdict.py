@@ -299,34 +299,54 @@ def verdict(ranks: Sequence[HangRank], idle: float) -> tuple[str, frozenset[int]
 
 def collectives(ranks: Sequence[HangRank]) -> tuple[str, frozenset[int]]:
     """Per process group with a collective not every rank finished: its number, op and sizes,
-    the ranks in it and those that never entered it (they issued fewer); and those ranks when
-    one group alone has them and every rank not exited told its collectives. ("", none) when
-    no rank told any."""
+    the ranks in it and those that never entered it (they issued fewer) or entered another op
+    under the same number; and the ranks to blame when one group alone points at some and every
+    rank not exited told its collectives. ("", none) when no rank told any."""
     states: dict[str, dict[int, GroupState]] = {}
     for r in ranks:
         for g in r.groups:
             states.setdefault(g.group, {})[r.rank] = g
     parts, late = [], []
     for name in sorted(states, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n)):
-        by_rank = states[name]
-        top = max(g.issued for g in by_rank.values())
-        inside = sorted(k for k, g in by_rank.items() if g.issued == top and g.completed != top)
-        behind = sorted(k for k, g in by_rank.items() if g.issued < top)
-        if top == 0 or not (inside or behind):
-            continue
-        lead = by_rank[inside[0] if inside else max(by_rank, key=lambda k: by_rank[k].issued)]
-        text = f"collective #{top}" + (f" {lead.op}" if lead.op else "") + f" of group {name}"
-        text += f" (sizes {lead.sizes})" if lead.sizes else ""
-        text += f": {_ranks(inside)} in it" if inside else ": every rank finished it"
-        if behind:
-            at = {by_rank[k].issued for k in behind}
-            gaps = ", ".join(f"{k} at #{by_rank[k].issued}" for k in behind)
-            text += f", {_ranks(behind)} never entered it"
-            text += f" (at #{at.pop()})" if len(at) == 1 else f" ({gaps})"
-            late.append(frozenset(behind))
-        parts.append(text)
+        if (found := _in_group(name, states[name])) is not None:
+            parts.append(found[0])
+            if found[1]:
+                late.append(found[1])
     told = all(r.groups or r.state is RankState.EXITED for r in ranks)
     return "; ".join(parts), late[0] if len(late) == 1 and told else frozenset()
+
+
+def _in_group(name: str, by_rank: dict[int, GroupState]) -> tuple[str, frozenset[int]] | None:
+    """One group's line and the ranks it points at (None: every rank finished its last)."""
+    top = max(g.issued for g in by_rank.values())
+    inside = sorted(k for k, g in by_rank.items() if g.issued == top and g.completed != top)
+    behind = sorted(k for k, g in by_rank.items() if g.issued < top)
+    if top == 0 or not (inside or behind):
+        return None
+    by_op: dict[str, list[int]] = {}
+    for k in inside:
+        by_op.setdefault(by_rank[k].op, []).append(k)
+    lead = by_rank[inside[0] if inside else max(by_rank, key=lambda k: by_rank[k].issued)]
+    text = f"collective #{top}" + (f" {lead.op}" if lead.op else "") + f" of group {name}"
+    text += f" (sizes {lead.sizes})" if lead.sizes else ""
+    odd: frozenset[int] = frozenset()
+    if len(by_op) > 1 and "" not in by_op:  # one number, several ops: not the same collective
+        text = f"collective #{top} of group {name}: " + ", ".join(
+            f"{_ranks(k)} in {op}" for op, k in sorted(by_op.items(), key=lambda kv: kv[1])
+        )
+        sizes = sorted(len(k) for k in by_op.values())
+        if sizes[0] < sizes[1]:  # a minority in another op
+            odd = frozenset(next(k for k in by_op.values() if len(k) == sizes[0]))
+        text += " (not the same collective)"
+    else:
+        text += f": {_ranks(inside)} in it" if inside else ": every rank finished it"
+    if behind:
+        at = {by_rank[k].issued for k in behind}
+        gaps = ", ".join(f"{k} at #{by_rank[k].issued}" for k in behind)
+        text += f", {_ranks(behind)} never entered it"
+        text += f" (at #{at.pop()})" if len(at) == 1 else f" ({gaps})"
+        odd = frozenset(behind)
+    return text, odd
 
 
 def no_collectives(ranks: Sequence[HangRank]) -> str:

@@ -147,6 +147,15 @@ def test_the_collective_names_the_rank_that_never_entered_it_when_the_stacks_can
     assert verdict.no_collectives([replace(silent[2], no_groups="no answer within 3 s")]) == (
         "no collectives from rank 2: no answer within 3 s"
     )
+    # One number, two ops: the rank in a broadcast while the others all_reduce is the odd one.
+    other = [hang_rank(0, group(5, 4)), hang_rank(1, group(5, 4)),
+             hang_rank(2, group(5, 4, op="gloo:broadcast"))]  # fmt: skip
+    assert verdict.collectives(other) == (
+        "collective #5 of group 0: ranks 0,1 in gloo:all_reduce, rank 2 in gloo:broadcast"
+        " (not the same collective)",
+        frozenset({2}),
+    )
+    assert verdict.collectives(other[1:])[1] == frozenset()  # one against one: cannot tell
     # Finished collectives on every rank: nothing to say.
     assert verdict.collectives([hang_rank(0, group(5, 5)), hang_rank(1, group(5, 5))]) == (
         "",
