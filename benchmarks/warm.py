@@ -13,7 +13,7 @@ elastic-hydra cold, elastic-hydra with `warm.imports=[torch]`), after one discar
   the template: copy-on-write keeps a forked worker's own memory small.
 
 Every runner gets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torchrun's restarts fail otherwise, see
-DESIGN.md 9). The load average of the machine is printed with the table: it is shared.
+docs/multi-node.md). The load average of the machine is printed with the table: it is shared.
 Writes warm.md and warm.json into --out (default: results/ next to this file).
 """
 

@@ -8,24 +8,27 @@ The folders, from the user down (each `__init__` says what it owns):
     resolve/     composed config -> frozen LaunchPlan (the only validator of user values)
     launch/      one launch wired: plan -> run dir -> agent -> result
     agent/       the loop and its contract: executor, seams, restart policy, worker env, events
-    workers/     this node's processes: supervise, contain, console, bootstrap
+    workers/     this node's processes: supervise, spawn, contain, console, bootstrap, /proc
     rendezvous/  how nodes meet and what they share (the only torch user)
     hangs/       progress watch, verdict, sharing across nodes
     report/      failure files, summary, rendering, notices
     sweeps/      the pool launcher's engine and its view
+    observe/     a running job watched: status records, `top`, metrics
+    preflight/   the checks of a round's nodes before the workers start, and their verdict
     quarantine/  bad hosts and GPUs kept out of later rounds and jobs: the ledger, the gate
+    schedulers/  what a scheduler tells a node (Slurm, Kubeflow, JobSet ...); the manifests
+    warm/        warm starts: workers forked from a template that imported the job's modules
+    records/     the typed records of a run: failures, hangs, goodput, preflight, summary
 
-The modules at the root are the shared words every folder may use: `errors`, `plan`,
-`records`, `jsonrecord`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `slurm`,
-`durations`.
+The shared words every folder may use are `records/` and the modules at the root: `errors`,
+`plan`, `jsonrecord`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `durations`,
+`nvml`. The root imports no folder, `records/` included; `records/` imports the root only.
 """
 
 from __future__ import annotations
 
 import os
 import time
-
-__all__ = ["progress"]
 
 _PROGRESS_FILE = "ELASTIC_HYDRA_PROGRESS_FILE"  # set by the launcher for its workers
 _SCRIPT_SAID = 4 * 21  # the line of the progress file it writes (workers/bootstrap.py)

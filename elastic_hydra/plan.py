@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_hydra.gpus import WorkerDevices
-from elastic_hydra.health import PreflightMode
 
 
 # --------------------------------------------------------------------------------------- entrypoint
@@ -172,6 +171,12 @@ class QuarantineSpec:
 
     ledger: str  # absolute path of the ledger file
     cooldown: float  # seconds an entry this job adds keeps its host or GPU out
+
+
+class PreflightMode(enum.StrEnum):
+    OFF = "off"  # no battery: the workers start right after the rendezvous
+    QUICK = "quick"  # GEMM per worker, allreduce in and across nodes, node checks
+    FULL = "full"  # quick, then node pairs to name a slow link
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

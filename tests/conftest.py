@@ -1,21 +1,27 @@
-"""Shared fixtures: no test may leave a live child process behind."""
+"""Shared fixtures: no test may leave a live child process behind. And the parallel run's rules:
+which tests share a worker (XDIST_GROUPS), which run alone (ALONE), whose ports (free_port)."""
 
 from __future__ import annotations
 
 import compileall
 import contextlib
+import fcntl
+import itertools
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 import pytest
+from xdist.scheduler import LoadGroupScheduling
 
 if TYPE_CHECKING:  # slurm_cluster uses wait_for from here: imported where it is needed
     from tests.slurm_cluster import SlurmCluster
@@ -33,11 +39,118 @@ def pytest_configure(config: pytest.Config) -> None:
     compileall.compile_dir(REPO / "elastic_hydra", quiet=1)
 
 
+# The tests run on xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`). The tests of a
+# group run on one worker, one after another: module -> group, and why.
+XDIST_GROUPS = {
+    # /etc/hosts, read, edited and written back whole by the Slurm test cluster (tests/
+    # slurm_cluster.py: ctl, n1, n2 on 127.0.77.x; a session fixture, so each worker with one of
+    # these tests would start a cluster of those names, and the second refuses) and by the
+    # Kubernetes stand-in (tests/schedulers/harness.py: pods and machines on 127.0.78.x): two
+    # writers at once can drop each other's lines.
+    "tests/test_slurm_cluster.py": "etc-hosts",
+    "tests/test_slurm_real.py": "etc-hosts",
+    "tests/quarantine/test_slurm_ledger.py": "etc-hosts",
+    "tests/schedulers/test_harness.py": "etc-hosts",
+    # Module-scoped fixtures that launch real jobs (torch workers, under torchrun and ours) or a
+    # server: the module's tests on one worker run them once, not once per worker.
+    "tests/agent/test_torch_parity.py": "torch-parity",
+    "tests/torchrun/test_torchrun_dropin.py": "torchrun-dropin",
+    "tests/torchrun/test_torchrun_errors.py": "torchrun-errors",
+    "tests/test_faults_vs_torchrun.py": "faults-vs-torchrun",  # and its table: every row in one
+    "tests/config/test_one_composition.py": "one-composition",  # its etcd server
+}
+
+
+class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]  # xdist has no type hints
+    """xdist's loadgroup with the groups of XDIST_GROUPS, looked up by the test's module.
+
+    Not `xdist_group` marks: loadgroup sends a mark to the controller as a suffix of the test's
+    node id, which pytest 9.2 no longer lets a plugin change, and the tests of a mark then run
+    on any worker, silently (pytest-xdist issue 1386)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        group = XDIST_GROUPS.get(nodeid.split("::", 1)[0])
+        return group if group is not None else str(super()._split_scope(nodeid))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make a plain loadgroup
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return GroupScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+# Tests that measure one of their processes against another: a node's GEMM rate or link against
+# the other nodes' (preflight), workers' failures against their agent's heartbeats. The load of a
+# test beside them lands on some of their processes more than on others and changes what they
+# measure, so each runs with no other test beside it: module, or module::test.
+ALONE = (
+    "tests/preflight/test_preflight_jobs.py",
+    "tests/preflight/test_preflight_links.py",
+    "tests/rendezvous/test_multinode.py"
+    "::test_survivors_whose_collectives_a_dead_node_broke_spend_no_restart",
+)
+
+
+def runs_alone(nodeid: str) -> bool:
+    return any(nodeid == key or nodeid.startswith((f"{key}::", f"{key}[")) for key in ALONE)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's: a wait is no test time
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """On an xdist worker, each test (setup to teardown) holds the run's lock on the host: shared,
+    or alone (ALONE) exclusive. One that waits to run alone stops the others from starting."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process, one test at a time
+        return (yield)
+    run_dir = Path(item.config.getoption("basetemp")).parent  # the workers' basetemps are in it
+    with contextlib.ExitStack() as held:
+        turn = held.enter_context((run_dir / "host-turn.lock").open("a"))
+        host = held.enter_context((run_dir / "host.lock").open("a"))
+        fcntl.flock(turn, fcntl.LOCK_EX)  # in turn: a test waiting to run alone goes first
+        if runs_alone(item.nodeid):
+            fcntl.flock(host, fcntl.LOCK_EX)  # `turn` too, until it ends: nobody starts
+        else:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+            fcntl.flock(host, fcntl.LOCK_SH)
+        return (yield)
+
+
+# The ports free_port hands out: a block of _PORT_BLOCK per test process (each xdist worker, or
+# the one process of a run without workers), claimed by a lock file, so that no other worker, nor
+# another test run on the host, hands out the same port between the pick and the server's bind;
+# all below the kernel's ephemeral range (ip_local_port_range: 32768 up by default), where
+# bind(0) and a connect() take theirs, and below torch's default ports (29400, 29500).
+_PORTS_FROM, _PORTS_TO, _PORT_BLOCK = 10_000, 29_000, 500
+_ports: Iterator[int] | None = None
+
+
+def _claim_ports() -> Iterator[int]:
+    """The ports of the first block no other process holds, in turn (a port comes back after
+    the block's others: long after the server of its last test closed it)."""
+    for start in range(_PORTS_FROM, _PORTS_TO, _PORT_BLOCK):
+        lock = os.path.join(tempfile.gettempdir(), f"elastic-hydra-test-ports-{start}.lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return itertools.cycle(range(start, start + _PORT_BLOCK))  # fd held: ours until we exit
+    raise RuntimeError(f"every block of test ports in {_PORTS_FROM}..{_PORTS_TO} is claimed")
+
+
 def free_port() -> int:
-    """A port on 127.0.0.1 that was free a moment ago (for servers the test starts)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port on 127.0.0.1 that is free now and that no other test process hands out (for
+    servers the test starts)."""
+    global _ports
+    if _ports is None:
+        _ports = _claim_ports()
+    for port in itertools.islice(_ports, _PORT_BLOCK):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:  # no SO_REUSEADDR: a port still in TIME_WAIT is skipped too
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in this process's block of {_PORT_BLOCK}")
 
 
 def wait_for(
@@ -58,6 +171,20 @@ def wait_for(
             more = f"; {detail()}" if detail is not None else ""
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{more}")
         time.sleep(interval)
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Make `text` the content of `path` at once, by renaming a new file over it: a reader (the
+    resolver of a test running beside, for /etc/hosts) sees the old content or the new, never a
+    file emptied for the write. Where `path` cannot be replaced (a bind mount), it is written."""
+    new = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        new.write_text(text)
+        shutil.copymode(path, new)
+        os.replace(new, path)
+    except OSError:
+        new.unlink(missing_ok=True)
+        path.write_text(text)
 
 
 @contextmanager

@@ -8,14 +8,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 ETCD_START_TIMEOUT = 20.0
 ETCD_STOP_TIMEOUT = 5.0
@@ -51,14 +50,9 @@ def find_etcd() -> str:
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
+    """`count` distinct TCP ports on 127.0.0.1, free now and handed out to no other test process
+    (tests.conftest.free_port)."""
+    return [free_port() for _ in range(count)]
 
 
 def log_tail(log_path: Path, start: int = 0) -> str:

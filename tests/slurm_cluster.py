@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import wait_for
+from tests.conftest import rewrite, wait_for
 from tests.servers import free_ports, log_tail, stop_group
 
 START_TIMEOUT = 30.0
@@ -204,7 +204,7 @@ def _hosts_entries() -> Iterator[None]:
                 "still running): only one can run on a host at a time"
             )
         text = "".join(lines[:first] + lines[last + 1 :])
-        HOSTS_FILE.write_text(text)
+        rewrite(HOSTS_FILE, text)
     mark = f"{_HOSTS_MARK} {os.getpid()}"
     block = "".join(
         [
@@ -214,7 +214,7 @@ def _hosts_entries() -> Iterator[None]:
             f"{mark} (end)\n",
         ]
     )
-    HOSTS_FILE.write_text(text + block)
+    rewrite(HOSTS_FILE, text + block)
     try:
         for name, address in ADDRESSES.items():
             resolved = socket.gethostbyname(name)
@@ -226,7 +226,7 @@ def _hosts_entries() -> Iterator[None]:
         yield
     finally:
         current = HOSTS_FILE.read_text()
-        HOSTS_FILE.write_text(current.replace(block, "", 1))
+        rewrite(HOSTS_FILE, current.replace(block, "", 1))
 
 
 def _munge_works(binaries: Mapping[str, str]) -> bool:

@@ -1,8 +1,10 @@
-"""The layering of DESIGN.md section 3, checked rather than hoped for.
+"""The layering of docs/architecture.md, checked rather than hoped for.
 
 FOLDERS is the design: which folder of the package may import which. Every folder may import the
-root (the shared words: errors, plan, records, tracebacks, ...); the root imports no folder. A new
-edge between folders is a design decision: add it here with its reason, or move the code.
+shared words: the root (errors, plan, tracebacks, rundir, ...) and `records/` (the typed records
+of a run), as if they were one. The root imports no folder, `records/` included; `records/`
+imports the root only. A new edge between folders is a design decision: add it here with its
+reason, or move the code.
 Beside the table: hydra and omegaconf stay in `config/` (hydra's internals in the boundary
 alone, and no DictConfig is read outside it), rich in the rendering modules, torch under
 `rendezvous/`; the pure modules do no I/O; the bootstrap runs on the standard library; and no
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +24,8 @@ from tests.conftest import REPO
 
 PACKAGE = REPO / "elastic_hydra"
 ROOT = "(root)"
+RECORDS = "records"
+SHARED = {ROOT, RECORDS}  # the shared words: every folder may import them (not a row's edges)
 FOLDERS: dict[str, set[str]] = {
     "cli": {"torchrun", "config", "launch", "hangs", "report",
             "rendezvous",  # `rdzv-server` runs the store server of rendezvous/
@@ -29,7 +34,7 @@ FOLDERS: dict[str, set[str]] = {
             "schedulers",  # `--plan` names the detected scheduler, prints manifests
             "warm"},  # the entry point starts the warm template before the composition
     "torchrun": set(),
-    "config": set(),
+    "config": {"schedulers"},  # `eh.launch` names a Slurm step's run directory (its `slurm`)
     "resolve": {"config", "schedulers"},  # rdzv=kubeflow... read their scheduler's variables
     "launch": {"config", "resolve", "agent", "workers", "rendezvous", "hangs", "report",
                "observe",
@@ -39,20 +44,20 @@ FOLDERS: dict[str, set[str]] = {
     "agent": set(),
     "workers": {"agent"},
     "rendezvous": {"hangs", "agent"},
-    "hangs": {"agent"},
+    "hangs": {"agent", "workers"},  # the /proc reader of the watch (workers.procfs)
     "report": {"hangs", "agent", "resolve"},
     "sweeps": {"report", "resolve"},
-    "observe": {"agent", "hangs"},  # the events it folds; the /proc reader of the hang watch
+    "observe": {"agent", "workers"},  # the events it folds; the /proc reader (workers.procfs)
     "quarantine": set(),  # the ledger and the gate: launch wires it, cli edits it
     "warm": {"workers", "agent"},  # the spawner seam of supervise; the worker environment
     "preflight": {"agent"},
     "schedulers": set(),
-    ROOT: set(),
+    RECORDS: set(),  # imports the root only; every folder may import it, as it may the root
+    ROOT: set(),  # imports no folder, records/ included
 }  # fmt: skip
 # Pure: no I/O, no clock, no process state. Whole folders, and these shared words of the root.
-PURE_FOLDERS = ("agent", "torchrun", "schedulers")
-PURE_ROOT = ("plan", "errors", "records", "jsonrecord", "tracebacks", "gpus", "slurm", "redact",
-             "durations", "health")  # fmt: skip
+PURE_FOLDERS = ("agent", "torchrun", "schedulers", "records")
+PURE_ROOT = ("plan", "errors", "jsonrecord", "tracebacks", "gpus", "redact", "durations")
 PURE_MORE = (
     "hangs.verdict",
     "rendezvous.sealed_records",
@@ -116,9 +121,11 @@ def internal_imports(path: Path) -> set[str]:
 
 
 def folder_edges(path: Path, module: str) -> set[str]:
-    """The folders a module imports besides its own and the root."""
+    """The folders a module imports besides its own and the shared words (for the root and
+    records/, the root alone: an import of records/ from the root is an edge)."""
     own = folder_of(module)
-    return {folder_of(m) for m in internal_imports(path)} - {own, ROOT}
+    shared = {ROOT} if own in SHARED else SHARED
+    return {folder_of(m) for m in internal_imports(path)} - {own} - shared
 
 
 def test_every_folder_is_in_the_table_and_teaches_what_it_owns() -> None:
@@ -127,6 +134,50 @@ def test_every_folder_is_in_the_table_and_teaches_what_it_owns() -> None:
     for name in folders:
         doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
         assert doc and len(doc.splitlines()) >= 5, f"{name}/__init__.py needs a docstring"
+
+
+def folder_doc(folder: str) -> str:
+    """The docstring of a folder's `__init__.py` (the root's: the package's)."""
+    init = PACKAGE / ("" if folder == ROOT else folder) / "__init__.py"
+    return ast.get_docstring(ast.parse(init.read_text())) or ""
+
+
+def test_every_folders_docstring_names_each_of_its_modules() -> None:
+    # The docstring is the folder's map: a module it does not name is a stale map. The package's
+    # names every folder and every module of the root.
+    missing = [
+        f"{folder}: {module}"
+        for folder in FOLDERS
+        for module in sorted(m.rpartition(".")[2] for m in modules() if folder_of(m) == folder)
+        if module not in ("__init__", "__main__") and f"`{module}`" not in folder_doc(folder)
+    ]
+    missing += [f"(root): {f}/" for f in FOLDERS if f != ROOT and f"{f}/" not in folder_doc(ROOT)]
+    assert missing == []
+
+
+# "Imports: agent (the seams it implements) and the root." Its first sentence names the folders
+# of the table's row (the shared words, the root and records/, may be named or not).
+IMPORTS = re.compile(r"^Imports: (.*?)\.(?:\s|$)", re.MULTILINE | re.DOTALL)
+
+
+def imports_said(doc: str) -> set[str] | None:
+    """The folders the `Imports:` line of a docstring names, besides the shared words."""
+    said = IMPORTS.search(doc)
+    return (
+        None if said is None else set(re.findall(r"[a-z]+", said.group(1))) & set(FOLDERS) - SHARED
+    )
+
+
+def test_every_folders_docstring_says_what_it_imports_as_the_table_does() -> None:
+    wrong = {
+        folder: imports_said(folder_doc(folder))
+        for folder in FOLDERS
+        if folder != ROOT and imports_said(folder_doc(folder)) != FOLDERS[folder]
+    }
+    assert wrong == {}
+    # Not vacuous: the line is read up to its first full stop, folder names only.
+    doc = "Imports: workers (the /proc reader), agent and the root. `launch` wires it."
+    assert imports_said(doc) == {"workers", "agent"} and imports_said("Imports go") is None
 
 
 def test_imports_between_folders_follow_the_table() -> None:
@@ -146,6 +197,10 @@ def test_the_table_checker_sees_imports() -> None:
     assert folder_edges(found["launch.wiring"], "launch.wiring") >= {"agent", "workers"}
     assert folder_edges(found["launch.wiring"], "launch.wiring") - FOLDERS["agent"]
     assert "agent.seams" in internal_imports(found["agent.executor"])
+    # records/ is a shared word for the folders, an edge for the root.
+    assert "records.failures" in internal_imports(found["agent.seams"])
+    assert folder_edges(found["agent.seams"], "agent.seams") == set()
+    assert folder_edges(found["records.summary"], "plan") == {RECORDS}  # as if in the root
 
 
 def test_the_table_is_a_one_way_design() -> None:
@@ -324,7 +379,7 @@ def test_the_preflight_probe_is_run_not_imported() -> None:
 
 
 # The pool plugin is a front end of its own: Hydra calls it, it drives a sweep.
-PLUGIN_MAY = {"sweeps", "launch", "resolve", "report", ROOT}
+PLUGIN_MAY = {"sweeps", "launch", "resolve", "report"} | SHARED
 
 
 def test_the_pool_plugin_imports_follow_the_table() -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-from elastic_hydra.slurm import (
+from elastic_hydra.schedulers.slurm import (
     MAX_HOSTS,
     PORT_BASE,
     PORT_SPAN,
@@ -17,6 +20,7 @@ from elastic_hydra.slurm import (
     slurm_job,
     step_dir_name,
 )
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize(
@@ -168,8 +172,35 @@ def test_rdzv_port_separates_concurrent_jobs_and_steps() -> None:
     ports = {rdzv_port(str(job), step) for job in range(9000, 9150) for step in (None, 0, 1, 62)}
     assert len(ports) == 150 * 4  # neighbouring jobs, their batch scripts and steps never meet
     assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
-    assert rdzv_port("123", 0) == rdzv_port("123", 0)  # every node of a step agrees
     assert PORT_BASE <= rdzv_port("123_4", None) < PORT_BASE + PORT_SPAN  # not a number: hashed
+
+
+# What a node's launcher does: the port from its own environment, in its own interpreter.
+NODE_PORT = (
+    "import os; from elastic_hydra.schedulers.slurm import rdzv_port, slurm_job; "
+    "job = slurm_job(os.environ); print(rdzv_port(job.job_id, job.step_id))"
+)
+
+
+@pytest.mark.parametrize(
+    ("job_id", "port"),
+    [
+        ("4242", 21492),  # PORT_BASE + (4242 * 64 + 1 + 3) % PORT_SPAN: step 3 of job 4242
+        ("4242_7", 27700),  # not a number (an array task): crc32, the same on every node
+    ],
+)
+def test_every_node_of_a_step_computes_the_same_port(job_id: str, port: int) -> None:
+    # Nothing of the node's process may enter the port: not its node id, not its hash seed.
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    found = []
+    for node, seed in (("0", "1"), ("1", "2")):
+        env = {**base, **STEP, "SLURM_JOB_ID": job_id, "SLURM_NODEID": node,
+               "PYTHONHASHSEED": seed}  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", NODE_PORT], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        found.append(int(proc.stdout))
+    assert found == [port, port]
 
 
 def test_a_steps_nodes_agree_on_its_run_dir_name() -> None:

@@ -232,7 +232,7 @@ def test_stacks_read_back_from_json_are_checked_field_by_field() -> None:
 
 
 def test_lines_after_a_traceback_in_a_log_do_not_join_its_message(tmp_path: Path) -> None:
-    from elastic_hydra.records import WorkerExit
+    from elastic_hydra.records.failures import WorkerExit
     from elastic_hydra.report.failure_files import read_failure
     from elastic_hydra.rundir import RunDir
 
@@ -262,7 +262,7 @@ def test_an_error_file_of_no_known_form_is_passed_over(
     tmp_path: Path, record: dict[str, object]
 ) -> None:
     # A worker may write anything to its error file; the stderr tail tells what happened.
-    from elastic_hydra.records import WorkerExit
+    from elastic_hydra.records.failures import WorkerExit
     from elastic_hydra.report.failure_files import read_failure
     from elastic_hydra.rundir import RunDir
 

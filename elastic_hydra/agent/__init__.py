@@ -16,8 +16,13 @@ processes (`launch.wiring`) and against fakes with a fake clock (the executor te
 - `inherit`: the half of that environment a worker inherits from the agent's, and the names of
   the launcher's contract; it imports nothing, so the warm template's first instant can use it.
 - `events`: the run's timeline, one typed record per event.
-- `outcome`: how the whole run ended: its workers' exits and failure records (the root's
-  `records`; a failed worker's files are read once, through a seam, when its exit is seen).
+- `outcome`: how the whole run ended: its workers' exits and failure records (`records/`; a
+  failed worker's files are read once, through a seam, when its exit is seen).
+- `round_gates`: what a node passes between the rendezvous and its workers: the quarantine
+  admission before each round, the preflight verdict after it (a mixin of the executor).
+- `preflight_rule`: what a node does with the round's preflight verdict: start, leave, re-join
+  without the failed nodes, or stop (the same decision on every node, no word exchanged).
 
-Imports: the root only. Implementations live in workers, rendezvous and hangs, which import this.
+Imports: the root and `records/` only. Implementations live in workers, rendezvous and hangs,
+which import this.
 """

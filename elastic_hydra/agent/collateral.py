@@ -17,7 +17,7 @@ from elastic_hydra.agent.loop_state import Ended, LoopState
 from elastic_hydra.agent.seams import Clock, Exited, NodeAssignment, StopRequest, WorkerGroup
 from elastic_hydra.errors import LogWriteError
 from elastic_hydra.plan import Dynamic, LaunchPlan
-from elastic_hydra.records import FailureRecord, WorkerExit, lost_a_peer
+from elastic_hydra.records.failures import FailureRecord, WorkerExit, lost_a_peer
 
 
 class CollateralWait:

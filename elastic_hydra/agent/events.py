@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias, TypedDict
 
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.agent.seams import ChangeKind
 from elastic_hydra.jsonrecord import checked, plain
 from elastic_hydra.plan import HangAction
 
@@ -47,6 +46,14 @@ class EventKind(enum.Enum):
     FINISH = "finish"  # the run ended: status and exit code
     QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it does not join
     WARM_FALLBACK = "warm_fallback"  # warm starts are off for the rest of the launch: why
+
+
+class ChangeKind(enum.Enum):
+    """A membership change seen while the workers run (`seams.Change`, the `membership` event)."""
+
+    JOINED = "joined"  # a node waits to join: re-rendezvous, no restart spent
+    LEFT = "left"  # a node stopped heartbeating: re-rendezvous if enough nodes remain
+    CLOSED = "closed"  # another node ended the job
 
 
 class EventLineError(ValueError):

@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 
 from elastic_hydra.agent import events, restart_policy
 from elastic_hydra.agent.collateral import CollateralWait
+from elastic_hydra.agent.events import ChangeKind
 from elastic_hydra.agent.loop_state import Ended, LoopState
 from elastic_hydra.agent.outcome import RunOutcome, Status, root_cause
 from elastic_hydra.agent.round_gates import RoundGates
 from elastic_hydra.agent.seams import (
     Admission,
-    ChangeKind,
     Clock,
     Exited,
     HangWatch,
@@ -30,12 +30,8 @@ from elastic_hydra.agent.seams import (
 )
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.plan import Action, HangAction, LaunchPlan, Standalone, Static
-from elastic_hydra.records import (
-    FailureRecord,
-    HangRecord,
-    WorkerExit,
-    describe_returncode,
-)
+from elastic_hydra.records.failures import FailureRecord, WorkerExit, describe_returncode
+from elastic_hydra.records.hangs import HangRecord
 
 STOP_SIGNAL_WINDOW = 0.5  # seconds a worker's death by a stop signal waits for the agent's own
 _STOP_SIGNAL_NAMES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}

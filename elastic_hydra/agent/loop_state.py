@@ -6,8 +6,9 @@ import enum
 from dataclasses import dataclass, field
 
 from elastic_hydra.agent.seams import NodeAssignment
-from elastic_hydra.health import PreflightVerdict
-from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure, WorkerExit
+from elastic_hydra.records.failures import FailureRecord, PeerFailure, WorkerExit
+from elastic_hydra.records.hangs import HangRecord
+from elastic_hydra.records.preflight import PreflightVerdict
 
 
 class Ended(enum.Enum):

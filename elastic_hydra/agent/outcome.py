@@ -1,6 +1,6 @@
 """How the whole run ended on this node, and the root cause among its exits. Pure.
 
-The facts of one worker (its exit, its failure record) are the root's `records`.
+The facts of one worker (its exit, its failure record) are in `records/failures`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from elastic_hydra.errors import (
     EXIT_RENDEZVOUS,
     EXIT_WORKERS_FAILED,
 )
-from elastic_hydra.health import PreflightVerdict
-from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure, WorkerExit, root_cause_of
+from elastic_hydra.records.failures import FailureRecord, PeerFailure, WorkerExit, root_cause_of
+from elastic_hydra.records.hangs import HangRecord
+from elastic_hydra.records.preflight import PreflightVerdict
 
 
 def root_cause(exits: Iterable[WorkerExit]) -> WorkerExit | None:

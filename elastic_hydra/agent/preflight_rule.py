@@ -12,8 +12,8 @@ import enum
 from dataclasses import dataclass
 
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.plan import NodeRange
+from elastic_hydra.records.preflight import PreflightVerdict
 
 
 class Next(enum.Enum):

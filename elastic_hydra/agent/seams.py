@@ -6,17 +6,15 @@ and `supervise` implement them, the agent wires them, and tests drive the execut
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from elastic_hydra.agent.events import ChangeKind, Event
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.plan import Endpoint
-from elastic_hydra.records import FailureRecord, HangRecord, PeerFailure
-
-if TYPE_CHECKING:  # events imports ChangeKind from here: at run time, a cycle
-    from elastic_hydra.agent.events import Event
+from elastic_hydra.records.failures import FailureRecord, PeerFailure
+from elastic_hydra.records.hangs import HangRecord
+from elastic_hydra.records.preflight import PreflightVerdict
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,12 +29,6 @@ class NodeAssignment:
     role_world_size: int
     master: Endpoint
     use_agent_store: bool = False
-
-
-class ChangeKind(enum.Enum):
-    JOINED = "joined"  # a node waits to join: re-rendezvous, no restart spent
-    LEFT = "left"  # a node stopped heartbeating: re-rendezvous if enough nodes remain
-    CLOSED = "closed"  # another node ended the job
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

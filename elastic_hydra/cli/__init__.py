@@ -19,7 +19,11 @@ One module per subcommand:
 - `stacks`: where a running job's ranks are, on this node, right now.
 - `rdzv_server`: `rdzv-server`, the c10d store of `elastic_hydra.rendezvous.server` as a process.
 - `quarantine`: `quarantine list|add|clear`, the ledger of `elastic_hydra.quarantine` by hand.
+- `top`: `top`, every rank of a running job live, from the agents' status records.
+- `manifest`: `--plan=jobset|trainjob`, the job's Kubernetes manifests as YAML.
 
-Imports go down only: cli -> torchrun, config, launch, hangs, report (and rendezvous, for the
-`rdzv-server` subcommand, and quarantine for `quarantine`). Nothing below imports cli.
+Imports: torchrun, config, launch, hangs, report, rendezvous (the `rdzv-server` subcommand),
+observe (`top`), quarantine (`quarantine`), schedulers (`--plan` names the detected scheduler,
+prints manifests), warm (the entry point starts the template first of all) and the root.
+Nothing below imports cli.
 """

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.records import JobResult, RunStatus, RunSummary
+from elastic_hydra.records.summary import JobResult, RunStatus, RunSummary
 from elastic_hydra.report import gantt, notices, timeline
 from elastic_hydra.report.events_file import EventsRead, read_events
 from elastic_hydra.report.timeline import NodeView

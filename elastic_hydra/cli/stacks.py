@@ -18,7 +18,7 @@ from pathlib import Path
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs import verdict
 from elastic_hydra.hangs.watch import Workers, dump_ranks
-from elastic_hydra.records import HangRank, RankState
+from elastic_hydra.records.hangs import HangRank, RankState
 from elastic_hydra.report.events_file import EventsRead, last_start, read_events
 from elastic_hydra.rundir import LOGS_ROOT, RunDir, running_runs
 

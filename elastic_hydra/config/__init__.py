@@ -20,5 +20,5 @@ values; no module outside this folder touches a `DictConfig`.
   value and the fix.
 - `jobfile`: checks of a job file before Hydra reads it (what it would take badly, or silently).
 
-Imports: the root only.
+Imports: schedulers (a Slurm step's run directory name, for `resolvers`) and the root.
 """

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from elastic_hydra import slurm
 from elastic_hydra.config import schema
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.rundir import LOGS_ROOT
+from elastic_hydra.schedulers import slurm
 
 
 def register() -> None:

@@ -8,5 +8,5 @@
 - `share`: hangs across nodes through the rendezvous store: each node's progress, and every
   node's ranks for one job-wide verdict.
 
-Imports: agent (worker environment, seams) and the root.
+Imports: agent (worker environment, seams), workers (the /proc reader) and the root.
 """

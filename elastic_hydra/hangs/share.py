@@ -18,7 +18,7 @@ from typing import Any
 
 from elastic_hydra.errors import STORE_ERRORS
 from elastic_hydra.hangs import verdict
-from elastic_hydra.records import HangRank, HangRecord
+from elastic_hydra.records.hangs import HangRank, HangRecord
 
 SHARE_WAIT = 15.0  # seconds a node waits for the others' ranks after a hang (they find it too)
 READ_WAIT = 2.0  # seconds a node that has every node's ranks waits for the others to have them

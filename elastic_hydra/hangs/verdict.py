@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from elastic_hydra.plan import LEARN_FLOOR, LEARN_GAPS, LEARN_MULTIPLE
-from elastic_hydra.records import GroupState, HangRank, RankState
+from elastic_hydra.records.hangs import GroupState, HangRank, RankState
 from elastic_hydra.tracebacks import Frame, ThreadStack, is_launcher_frame
 
 # Where a frame belongs to a library or to Python itself rather than to the user's program.

@@ -2,7 +2,7 @@
 
 At each look (every `hang.sample` seconds) it reads every running worker's progress note (what
 its bootstrap saw of the main thread, the collectives it issued, `elastic_hydra.progress()`), the
-size of its output files and its CPU time (/proc/PID/stat).
+size of its output files and its CPU time (`workers.procfs`).
 When no rank made progress for `hang.timeout`, every rank is asked for its stacks before anything
 else happens: DUMP_SIGNAL to ranks run through the bootstrap (faulthandler answers from C, with
 or without the GIL), py-spy for the others where it is installed. A SIGSTOPped rank cannot
@@ -24,12 +24,12 @@ from elastic_hydra.agent.seams import JobShare, NodeAssignment
 from elastic_hydra.agent.worker_env import DUMP_SIGNAL
 from elastic_hydra.hangs import verdict
 from elastic_hydra.plan import LaunchPlan
-from elastic_hydra.records import GroupState, HangRank, HangRecord, RankState
+from elastic_hydra.records.hangs import GroupState, HangRank, HangRecord, RankState
 from elastic_hydra.rundir import RunDir, write_private
 from elastic_hydra.tracebacks import Frame, ThreadStack, parse_threads
+from elastic_hydra.workers import procfs
 
 DUMP_WAIT = 3.0  # seconds the ranks get to write their stacks
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,7 +87,8 @@ class LocalHangWatch:
         record = replace(self.evidence(running, idle, now), timeout_s=round(timeout, 3))
         after = time.time()
         for lr in running:  # the CPU time the ranks spent on their dumps is no progress
-            self.ranks[lr].cpu, self.ranks[lr].looked = cpu_seconds(self.workers.pids[lr]), after
+            rank = self.ranks[lr]
+            rank.cpu, rank.looked = procfs.cpu_seconds(self.workers.pids[lr]), after
         return record if self.job is None else self.job.share_hang(record)
 
     def timeout(self, idle: float, now: float) -> float:
@@ -112,7 +113,7 @@ class LocalHangWatch:
         )
         pid, rank = self.workers.pids[local_rank], self.ranks[local_rank]
         rank.gpu = rank.gpu or uses_gpu(pid)
-        rank.observe(now=now, notes=notes, cpu=cpu_seconds(pid), output=output)
+        rank.observe(now=now, notes=notes, cpu=procfs.cpu_seconds(pid), output=output)
 
     def evidence(self, running: list[int], idle: float, now: float) -> HangRecord:
         """Every rank's place, its stacks saved first; the verdict."""
@@ -141,9 +142,7 @@ def dump_ranks(
     collectives = {
         lr: workers.run.collectives_file(workers.attempt, lr)
         for lr in running
-        if lr in torch_ranks
-        and workers.bootstrapped
-        and process_state(workers.pids[lr]) not in "Tt"
+        if lr in torch_ranks and workers.bootstrapped and procfs.state(workers.pids[lr]) not in "Tt"
     }
     for path in collectives.values():
         with contextlib.suppress(OSError):
@@ -157,7 +156,7 @@ def dump_ranks(
         path = workers.run.stacks_file(workers.attempt, lr)
         if lr not in running:
             ranks[lr] = base
-        elif process_state(pid) in ("T", "t"):
+        elif procfs.state(pid) in ("T", "t"):
             ranks[lr] = replace(base, state=RankState.STOPPED)
         elif workers.bootstrapped and _size(path) > 0:
             asked[lr] = (path, _size(path))
@@ -298,27 +297,6 @@ def uses_gpu(pid: int) -> bool:
             if target.startswith(GPU_DEVICES) and target[len(GPU_DEVICES) :].isdigit():
                 return True
     return False
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process, all its threads (None: gone)."""
-    fields = _stat(pid)
-    return None if fields is None else (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def process_state(pid: int) -> str:
-    fields = _stat(pid)
-    return "" if fields is None else fields[0]
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state first)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-        fields = text[text.rindex(")") + 2 :].split()
-    except (OSError, ValueError):  # gone, or read as it went
-        return None
-    return fields if len(fields) > 12 and fields[11].isdigit() and fields[12].isdigit() else None
 
 
 def py_spy(pid: int) -> tuple[ThreadStack, ...]:

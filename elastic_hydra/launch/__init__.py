@@ -8,7 +8,11 @@
 - `wiring`: builds the agent of this node from real parts: `worker_factory` for processes,
   `rendezvous` for membership, `hangs.watch` for progress, `report` for the files and the
   console, the stop signals, and runs `agent.executor`'s loop with them.
+- `preflight`: the preflight battery wired to this node (the probe group, the round's exchange,
+  the console), and the ledger entries of a node that fails it.
+- `observing`: the agent's watchers: the status publisher and, when asked for, the metrics;
+  started and stopped with the agent.
 
-This is the only folder that knows every other one: launch -> config, resolve, agent, workers,
-rendezvous, hangs, report.
+Imports: config, resolve, agent, workers, rendezvous, hangs, report, observe, quarantine,
+preflight, warm (the parts it wires) and the root. The one folder that knows almost every other.
 """

@@ -20,7 +20,8 @@ from elastic_hydra.config.composed import Composed, ComposedJob, to_yaml
 from elastic_hydra.config.invocation import Invocation
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.plan import LaunchPlan, QuarantineSpec, to_dict
-from elastic_hydra.records import JobResult, RunStatus, RunSummary, signal_name
+from elastic_hydra.records.failures import signal_name
+from elastic_hydra.records.summary import JobResult, RunStatus, RunSummary
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.report.notices import warn
 from elastic_hydra.resolve import timeouts

@@ -20,10 +20,9 @@ from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.seams import Observer
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
-from elastic_hydra.health import PreflightMode
 from elastic_hydra.observe.publish import PERIOD, Publisher, Sink
 from elastic_hydra.observe.status import Tracker
-from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan, Standalone, Static
+from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan, PreflightMode, Standalone, Static
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
 

@@ -11,12 +11,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from elastic_hydra.agent.seams import NodeAssignment, NodeExchange, Preflight
-from elastic_hydra.health import PreflightMode, PreflightVerdict
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory, host_name
-from elastic_hydra.plan import Dynamic, LaunchPlan, QuarantineSpec
+from elastic_hydra.plan import Dynamic, LaunchPlan, PreflightMode, QuarantineSpec
 from elastic_hydra.preflight.battery import Battery, NodeSetup, ProbeStarter
 from elastic_hydra.quarantine.from_verdict import entries, quarantined_line
 from elastic_hydra.quarantine.ledger import Ledger, LedgerError, QuarantineEntry
+from elastic_hydra.records.preflight import PreflightVerdict
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.stopsignals import StopFlag

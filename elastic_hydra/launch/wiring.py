@@ -26,12 +26,12 @@ from elastic_hydra.agent.seams import JobFailures, NodeExchange, Preflight, Rend
 from elastic_hydra.config import resolvers
 from elastic_hydra.errors import EXIT_BUG, ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
-from elastic_hydra.health import PreflightMode
 from elastic_hydra.launch import observing
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
 from elastic_hydra.launch.worker_factory import host_name as _host
-from elastic_hydra.plan import Dynamic, LaunchPlan
-from elastic_hydra.records import FailureRecord, RunStatus, RunSummary, WorkerExit, job_root_cause
+from elastic_hydra.plan import Dynamic, LaunchPlan, PreflightMode
+from elastic_hydra.records.failures import FailureRecord, WorkerExit, job_root_cause
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
 from elastic_hydra.report import notices

@@ -23,7 +23,8 @@ from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment
 from elastic_hydra.workers.guard import GroupGuard
 from elastic_hydra.workers.notes import WorkerNotes
-from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
+from elastic_hydra.workers.spawn import WorkerSpec
+from elastic_hydra.workers.supervise import LocalWorkers
 
 if TYPE_CHECKING:
     from elastic_hydra.warm.pool import WarmPool

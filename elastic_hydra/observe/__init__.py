@@ -15,6 +15,6 @@
 - `snapshot`: records read back (a run dir's, or the store's) into one view of the job, a node
   whose record is old marked stale; `view`: that view as a rich table (the only rich importer).
 
-Imports: agent (the events it folds) and the root. `launch` starts the publisher, `cli.top`
-reads; the store's keys stay in `rendezvous` (the only importer of torch).
+Imports: agent (the events it folds), workers (the /proc reader) and the root. `launch` starts
+the publisher, `cli.top` reads; the store's keys stay in `rendezvous` (the only importer of torch).
 """

@@ -13,8 +13,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from elastic_hydra.hangs.watch import cpu_seconds
+from elastic_hydra import nvml
 from elastic_hydra.observe.status import Sample
+from elastic_hydra.workers import procfs
 
 
 class Sampler:
@@ -33,7 +34,7 @@ class Sampler:
         seen: dict[int, tuple[float, float]] = {}
         gpus = self._gpu()
         for pid in pids:
-            cpu = cpu_seconds(pid)
+            cpu = procfs.cpu_seconds(pid)
             if cpu is None:
                 continue
             seen[pid] = (cpu, now)
@@ -59,11 +60,7 @@ class Sampler:
         NVML."""
         if self.want_gpu and self.nvml is None:
             self.want_gpu = False  # one try
-            with contextlib.suppress(Exception):  # not installed, no driver, no GPU
-                import pynvml  # type: ignore[import-not-found,unused-ignore]
-
-                pynvml.nvmlInit()
-                self.nvml = pynvml
+            self.nvml = nvml.load()  # None: not installed, no driver, no GPU
         if self.nvml is None:
             return {}
         out: dict[int, tuple[float | None, int | None]] = {}
@@ -79,6 +76,5 @@ class Sampler:
 
     def close(self) -> None:
         if self.nvml is not None:
-            with contextlib.suppress(Exception):
-                self.nvml.nvmlShutdown()
+            nvml.shutdown(self.nvml)
             self.nvml = None

@@ -12,8 +12,8 @@ allocation that will train (`preflight=quick|full`; `off` by default):
 - `results`: one node's report as it travels through the rendezvous store (untrusted: bounded,
   validated).
 - `verdict`: every node's reports rated against the round's medians (pure): the same verdict on
-  every node, as `health.PreflightVerdict`.
+  every node, as `records.preflight.PreflightVerdict`.
 - `battery`: the agent's side, wired by `launch` (implements `agent.seams.Preflight`).
 
-Imports go one way: preflight -> agent (the seams) and the root; `launch` wires it.
+Imports: agent (the seams) and the root. `launch` wires it.
 """

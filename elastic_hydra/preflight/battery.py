@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastic_hydra import nvml
 from elastic_hydra.agent.seams import NodeAssignment, NodeExchange, WorkerGroup
-from elastic_hydra.health import PreflightMode, PreflightVerdict
-from elastic_hydra.plan import PreflightSpec
+from elastic_hydra.plan import PreflightMode, PreflightSpec
 from elastic_hydra.preflight import node_checks
 from elastic_hydra.preflight.results import (
     MAX_REPORT,
@@ -31,6 +31,7 @@ from elastic_hydra.preflight.results import (
     read_report,
 )
 from elastic_hydra.preflight.verdict import Rating, rate
+from elastic_hydra.records.preflight import PreflightVerdict
 
 PROBE_SHARE = 0.75  # of preflight.timeout for the probe group; the rest for the exchange
 STOP_GRACE = 2.0  # seconds a probe that ran out of time gets between SIGTERM and SIGKILL
@@ -127,8 +128,8 @@ class Battery:
             problems += node_checks.check_endpoint(*self.setup.endpoint)
         throttled: list[GpuThrottle] = []
         gpus = list(self.setup.gpus())
-        if gpus and (nvml := node_checks.load_nvml()) is not None:
-            sick, throttled = node_checks.check_gpus(nvml, gpus)
+        if gpus and (pynvml := nvml.load()) is not None:
+            sick, throttled = node_checks.check_gpus(pynvml, gpus)
             problems += sick
         return problems, throttled
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import os
 import socket
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
-from elastic_hydra.health import Check
 from elastic_hydra.preflight.results import GpuThrottle, NodeProblem
+from elastic_hydra.records.preflight import Check
 
 PROBE_BYTES = 4096
 _BY_ERRNO = {
@@ -91,16 +89,6 @@ def check_endpoint(host: str, port: int, timeout: float = 2.0) -> list[NodeProbl
     except OSError as exc:
         what = f"cannot reach the rendezvous endpoint {host}:{port} ({exc.strerror or exc})"
         return [NodeProblem(check=Check.RENDEZVOUS, what=what)]
-
-
-def load_nvml() -> ModuleType | None:
-    """pynvml, initialised; None where it is not installed or finds no driver."""
-    try:
-        nvml = importlib.import_module("pynvml")
-        nvml.nvmlInit()
-    except Exception:  # not installed, no driver, no GPU: the check is skipped
-        return None
-    return nvml
 
 
 def check_gpus(nvml: Any, gpus: Sequence[int]) -> tuple[list[NodeProblem], list[GpuThrottle]]:

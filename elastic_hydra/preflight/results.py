@@ -11,8 +11,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from elastic_hydra.health import Check
 from elastic_hydra.jsonrecord import JsonRecord
+from elastic_hydra.records.preflight import Check
 
 MAX_REPORT = 64 << 10  # bytes of one node's report
 MAX_WORKERS = 1024

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from elastic_hydra.health import BadGpu, Check, Finding, PreflightMode, PreflightVerdict
+from elastic_hydra.plan import PreflightMode
 from elastic_hydra.preflight.results import NodeReport, WorkerResult, clip
+from elastic_hydra.records.preflight import BadGpu, Check, Finding, PreflightVerdict
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,9 @@ rendezvous round and leaves a quarantined host out before it joins.
 - `gate`: the agent's admission check before each round (`refusal`, pure: the one line that
   names the entry, its evidence, when it expires, how to clear it, and under Slurm the
   `--exclude=` to resubmit with), and `LedgerGate`, which reads the ledger for it.
+- `from_verdict`: a failed preflight verdict as this node's own entries (the bad node writes for
+  itself only), and the line that says so.
 
-Imports go down only: quarantine -> the root (plan, slurm, durations). `launch` wires the gate
-into the agent; `cli` owns `elastic-hydra quarantine`; nothing here imports either.
+Imports: the root and `records/` (a bad node's verdict) only. `launch` wires the gate into the
+agent; `cli` owns `elastic-hydra quarantine`; nothing here imports either.
 """

@@ -24,8 +24,8 @@ import shlex
 from datetime import UTC, datetime
 
 from elastic_hydra.durations import show_duration
-from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.quarantine.ledger import QuarantineEntry
+from elastic_hydra.records.preflight import PreflightVerdict
 
 
 def entries(

@@ -19,6 +19,8 @@ What the nodes share besides the rendezvous itself lives in the store under our 
 - `sealed_records`: failure records as untrusted input: size caps, then read as any
   `FailureRecord` is (`from_json`), membership, and an HMAC when `ELASTIC_HYDRA_RDZV_SECRET`
   is set.
+- `status_keys`: each agent's status record under its own slot of the run, and every slot read
+  back for `elastic-hydra top --endpoint`.
 - `server`: `elastic-hydra rdzv-server`, the c10d store as a process of its own.
 
 Imports: hangs (the hang share rides on the store), agent and the root.

@@ -8,7 +8,7 @@ import socket
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import JobFailures, NodeAssignment, Observer
 from elastic_hydra.plan import Endpoint, LaunchPlan, PythonModule, PythonScript, Standalone, Static
-from elastic_hydra.records import FailureRecord
+from elastic_hydra.records.failures import FailureRecord
 
 
 def reserve_port(host: str) -> socket.socket:

@@ -15,10 +15,11 @@ import contextlib
 import time
 from typing import Any
 
-from elastic_hydra.agent.seams import Change, ChangeKind
+from elastic_hydra.agent.events import ChangeKind
+from elastic_hydra.agent.seams import Change
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.plan import LaunchPlan
-from elastic_hydra.records import PeerChange
+from elastic_hydra.records.failures import PeerChange
 from elastic_hydra.rendezvous import store_keys
 from elastic_hydra.rendezvous.torch_handler import Store, dynamic_state, node_name, this_node
 from elastic_hydra.rendezvous.torchrun_agents import TorchrunAgents

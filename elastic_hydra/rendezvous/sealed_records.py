@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_hydra.records import FailureRecord
+from elastic_hydra.records.failures import FailureRecord
 
 SECRET_ENV = "ELASTIC_HYDRA_RDZV_SECRET"
 MAX_RECORD_BYTES = 64 << 10

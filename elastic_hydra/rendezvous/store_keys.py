@@ -18,7 +18,7 @@ from typing import Any
 
 from elastic_hydra.agent.seams import StopRequest
 from elastic_hydra.errors import STORE_ERRORS
-from elastic_hydra.records import FailureRecord
+from elastic_hydra.records.failures import FailureRecord
 from elastic_hydra.rendezvous import sealed_records
 
 Store = Any

@@ -17,10 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from elastic_hydra.agent.events import ExitBarrier
+from elastic_hydra.agent.events import ChangeKind, ExitBarrier
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import (
-    ChangeKind,
     JobFailures,
     JobShare,
     NodeAssignment,
@@ -30,7 +29,8 @@ from elastic_hydra.agent.seams import (
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan
-from elastic_hydra.records import FailureRecord, HangRecord
+from elastic_hydra.records.failures import FailureRecord
+from elastic_hydra.records.hangs import HangRecord
 from elastic_hydra.rendezvous import sealed_records, store_keys
 from elastic_hydra.rendezvous.join_wait import JoinWait
 from elastic_hydra.rendezvous.membership import Membership

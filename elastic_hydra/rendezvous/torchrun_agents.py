@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 
 from elastic_hydra.errors import RendezvousError
 from elastic_hydra.plan import Dynamic, DynamicBackend
-from elastic_hydra.records import PeerChange, PeerFailure, peer_name
+from elastic_hydra.records.failures import PeerChange, PeerFailure, peer_name
 from elastic_hydra.rendezvous import store_keys
 from elastic_hydra.rendezvous.torch_handler import (
     RendezvousHandler,

@@ -13,7 +13,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from elastic_hydra.records import FailureRecord, FailureSource, WorkerExit
+from elastic_hydra.records.failures import FailureRecord, FailureSource, WorkerExit
 from elastic_hydra.rundir import RunDir
 from elastic_hydra.tracebacks import (
     Stack,

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from elastic_hydra.records import JobResult, Phase
+from elastic_hydra.records.goodput import Phase
+from elastic_hydra.records.summary import JobResult
 from elastic_hydra.report.timeline import EXIT_COLOURS, WIDTH, document, esc
 
 LABEL, ROW, TOP = 150, 22, 26

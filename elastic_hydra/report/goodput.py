@@ -46,7 +46,7 @@ from elastic_hydra.agent.events import (
     WorkersStarted,
 )
 from elastic_hydra.plan import HangAction
-from elastic_hydra.records import Ledger, LostWork, Phase, PhaseTime
+from elastic_hydra.records.goodput import Ledger, LostWork, Phase, PhaseTime
 
 _AFTER_FAILURE = None  # a span after a failure: restart if an attempt follows, else stopping
 

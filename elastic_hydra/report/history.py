@@ -26,7 +26,8 @@ from elastic_hydra.agent.events import (
     WorkersStarted,
 )
 from elastic_hydra.plan import HangAction
-from elastic_hydra.records import Ledger, Phase, RunStatus, RunSummary
+from elastic_hydra.records.goodput import Ledger, Phase
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.report import goodput
 from elastic_hydra.report.notices import took
 from elastic_hydra.report.render import (

@@ -22,7 +22,7 @@ from elastic_hydra.agent.events import (
     WarmFallback,
 )
 from elastic_hydra.plan import LEARN_FLOOR, LEARN_GAPS, LEARN_MULTIPLE, LEARNED, HangAction
-from elastic_hydra.records import RunSummary
+from elastic_hydra.records.summary import RunSummary
 from elastic_hydra.rundir import RunDir
 
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"

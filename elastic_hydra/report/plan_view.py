@@ -16,7 +16,6 @@ from rich.text import Text
 
 from elastic_hydra.durations import show_duration
 from elastic_hydra.gpus import format_cpus
-from elastic_hydra.health import PreflightMode
 from elastic_hydra.plan import (
     LEARN_FLOOR,
     LEARN_GAPS,
@@ -25,6 +24,7 @@ from elastic_hydra.plan import (
     DynamicBackend,
     HangAction,
     LaunchPlan,
+    PreflightMode,
     RestartSpec,
     Standalone,
     Static,

@@ -23,16 +23,10 @@ from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
 from elastic_hydra.hangs import verdict
-from elastic_hydra.health import PreflightVerdict
-from elastic_hydra.records import (
-    FailureRecord,
-    FailureSource,
-    HangRecord,
-    JobResult,
-    PeerFailure,
-    RunStatus,
-    RunSummary,
-)
+from elastic_hydra.records.failures import FailureRecord, FailureSource, PeerFailure
+from elastic_hydra.records.hangs import HangRecord
+from elastic_hydra.records.preflight import PreflightVerdict
+from elastic_hydra.records.summary import JobResult, RunStatus, RunSummary
 from elastic_hydra.report.notices import took
 from elastic_hydra.rundir import RunDir
 

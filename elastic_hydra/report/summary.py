@@ -10,14 +10,9 @@ from collections.abc import Sequence
 from elastic_hydra.agent.events import Event
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.plan import Command, LaunchPlan, PythonModule, PythonScript
-from elastic_hydra.records import (
-    FailureRecord,
-    Ledger,
-    RunStatus,
-    RunSummary,
-    job_root_cause,
-    signal_name,
-)
+from elastic_hydra.records.failures import FailureRecord, job_root_cause, signal_name
+from elastic_hydra.records.goodput import Ledger
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.report import goodput
 
 

@@ -29,7 +29,8 @@ from elastic_hydra.agent.events import (
     WorkerExited,
     WorkersStarted,
 )
-from elastic_hydra.records import Ledger, Phase, RunStatus, RunSummary
+from elastic_hydra.records.goodput import Ledger, Phase
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.report import goodput
 
 WIDTH, LABEL, ROW, TOP = 1100, 190, 18, 24  # svg px: width, label column, row height, axis band

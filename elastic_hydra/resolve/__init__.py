@@ -1,6 +1,6 @@
 """Typed config -> frozen `LaunchPlan`: the only validator of user values.
 
-`resolver.resolve_config` takes the composed job (typed by `config.composed`) and returns the
+`resolver`'s `resolve_config` takes the composed job (typed by `config.composed`) and returns the
 plan every later step reads, or raises `ConfigError` naming the key, the value and the fix. Its
 parts:
 
@@ -12,6 +12,7 @@ parts:
 - `gpus`: `nproc_per_node` keywords, `gpus`, `devices`, `gpu_sharing`, CPU binding.
 - `machine`: what this machine offers (GPUs from NVML or nvidia-smi, CPUs from sysfs), read
   without torch; resolution is handed these facts so that tests can pass their own.
+- `preflight`: `preflight.*` as the battery's settings; refused where the nodes share no store.
 - `quarantine`: `quarantine.ledger` made absolute, `quarantine.cooldown` in seconds.
 - `timeouts`: the timeout layers the job runs with (heartbeat, last call, join, hang, the
   workers' collective timeout, exit barrier, stop grace), where each value comes from, and the

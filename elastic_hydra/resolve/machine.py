@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from elastic_hydra import nvml
 from elastic_hydra.gpus import Gpu, parse_cpus, parse_visible
 
 SYSFS = Path("/sys")
@@ -120,21 +121,15 @@ def all_gpus(environ: Mapping[str, str]) -> tuple[Gpu, ...]:
 
 
 def _from_nvml() -> tuple[Gpu, ...] | None:
-    try:
-        import pynvml  # type: ignore[import-not-found]  # nvidia-ml-py, optional
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver: NVML raises its own error classes
+    pynvml = nvml.load()
+    if pynvml is None:
         return None
     try:
         return tuple(_nvml_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount()))
     except Exception:
         return None
     finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+        nvml.shutdown(pynvml)
 
 
 def _nvml_gpu(nvml: Any, index: int) -> Gpu:

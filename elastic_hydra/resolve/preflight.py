@@ -11,8 +11,7 @@ import os
 
 from elastic_hydra.config.schema import PreflightConf
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.health import PreflightMode
-from elastic_hydra.plan import NodeRange, PreflightSpec, Static
+from elastic_hydra.plan import NodeRange, PreflightMode, PreflightSpec, Static
 from elastic_hydra.resolve.runtime import seconds
 
 MAX_PATHS = 32

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 from elastic_hydra.config.schema import ElasticHydraConf, HangConf, PreflightConf, RdzvConf
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.health import PreflightMode
-from elastic_hydra.plan import LEARN_FLOOR, Dynamic, DynamicBackend, LaunchPlan
+from elastic_hydra.plan import LEARN_FLOOR, Dynamic, DynamicBackend, LaunchPlan, PreflightMode
 
 # torch 2.13's defaults (torch/csrc/distributed/c10d: ProcessGroup.hpp kProcessGroupDefaultTimeout,
 # ProcessGroupNCCL.hpp kProcessGroupNCCLDefaultTimeout; distributed_c10d._get_default_timeout).

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from elastic_hydra import slurm
 from elastic_hydra.config.schema import ElasticHydraConf, RdzvConf
 from elastic_hydra.errors import TORCH_INSTALL, ConfigError
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, NodeRange, Standalone, Static
 from elastic_hydra.resolve.runtime import seconds
-from elastic_hydra.schedulers import detect
+from elastic_hydra.schedulers import detect, slurm
 from elastic_hydra.schedulers.base import SchedulerError, SchedulerNode
 
 SCHEDULERS = ("kubeflow", "jobset", "skypilot", "dstack")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NoReturn, Protocol
 
 from elastic_hydra.errors import EXIT_BUG
-from elastic_hydra.records import JobResult
+from elastic_hydra.records.summary import JobResult
 from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE, RunDir
 from elastic_hydra.stopsignals import StopFlag, handle_signals, record_early
 from elastic_hydra.sweeps.slots import Slot

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from elastic_hydra import tracebacks
-from elastic_hydra.records import JobResult
+from elastic_hydra.records.summary import JobResult
 from elastic_hydra.report.render import console
 from elastic_hydra.sweeps.pool import JobRow, PoolJob, PoolView, State
 from elastic_hydra.sweeps.slots import Slot

@@ -9,5 +9,5 @@ torchrun accepts into Hydra overrides of our schema, before Hydra sees the comma
   settings their translation builds.
 - `logs`: `--log-dir`, `-r/--redirects`, `-t/--tee`, `--local-ranks-filter`.
 
-The folder imports only the root (errors); `cli.argv` is its one user.
+Imports: the root only (errors). `cli.argv` is its one user.
 """

@@ -30,8 +30,7 @@ from elastic_hydra.warm import early
 from elastic_hydra.warm.early import TemplateArgs
 from elastic_hydra.warm.env import template_env
 from elastic_hydra.workers.contain import is_subreaper
-from elastic_hydra.workers.spawn import WorkerProcess
-from elastic_hydra.workers.supervise import WorkerSpec
+from elastic_hydra.workers.spawn import WorkerProcess, WorkerSpec
 
 _REPLY_WAIT = 30.0  # seconds for one fork's answer (a fork takes milliseconds)
 _MAX_REPLY = 64 << 10

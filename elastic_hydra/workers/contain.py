@@ -32,6 +32,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from elastic_hydra.agent.worker_env import RUN_DIR as RUN_DIR_ENV
+from elastic_hydra.workers import procfs
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -66,7 +67,7 @@ class Containment:
                 return [int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()]
             return []
         marker = f"\0{RUN_DIR_ENV}={self.tag}\0".encode()
-        return [pid for pid in _pids() if marker in _environ(pid)]
+        return [pid for pid in procfs.pids() if marker in _environ(pid)]
 
     def kill_all(self, keep: Collection[int] = ()) -> list[int]:
         """SIGKILL every member, wait for them (bounded), reap those re-parented to the agent
@@ -119,27 +120,16 @@ def reap_orphans(keep: Collection[int] = ()) -> list[int]:
         return []
     me, session = os.getpid(), os.getsid(0)
     reaped = []
-    for pid in _pids():
-        # Fields after the command name: state ppid pgrp session ...
-        fields = _stat(pid)
-        if len(fields) < 4 or fields[0] != b"Z" or int(fields[1]) != me:
+    for pid in procfs.pids():
+        found = procfs.stat(pid)
+        if found is None or found.state != "Z" or found.ppid != me:
             continue
-        if pid in keep or int(fields[3]) == session:
+        if pid in keep or found.session == session:
             continue
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 reaped.append(pid)
     return reaped
-
-
-def _stat(pid: int) -> list[bytes]:
-    """/proc/PID/stat's fields after the command name (which may hold spaces); [] if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return []
-    return stat[stat.rfind(b")") + 2 :].split()
 
 
 def _make_cgroup() -> Path | None:
@@ -188,10 +178,6 @@ def _own_cgroup() -> str | None:
             if line.startswith("0::"):
                 return line[3:]
     return None
-
-
-def _pids() -> list[int]:
-    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
 
 
 def _environ(pid: int) -> bytes:

@@ -1,5 +1,6 @@
-"""How a worker process comes to be, as `supervise` sees it: started cold (`popen_cold`: a fresh
-program behind the agent's gate) or by a `Spawner` (the warm template of `warm/`, which forks it).
+"""What a worker is to start (`WorkerSpec`) and how its process comes to be, as `supervise` sees
+it: started cold (`popen_cold`: a fresh program behind the agent's gate) or by a `Spawner` (the
+warm template of `warm/`, which forks it).
 
 `supervise` needs the same few things of either: the pid (its own process group), the exit
 status once it ends (the worker is the agent's child either way), and, when output is teed,
@@ -15,10 +16,29 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
 
-if TYPE_CHECKING:
-    from elastic_hydra.workers.supervise import WorkerSpec
+from elastic_hydra.workers.notes import WorkerNotes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """One worker to start: its ranks, program, environment, files and console prefix."""
+
+    local_rank: int
+    rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    stdout: Path
+    stderr: Path
+    tee: bool  # copy output to the console (else the worker writes straight into the files)
+    prefix: bytes = b""
+    cpus: tuple[int, ...] | None = None  # CPU affinity; None: the agent's
+    pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (rank 0's store socket)
+    notes: WorkerNotes | None = None  # tidied once the worker is gone
 
 
 class WorkerProcess(Protocol):

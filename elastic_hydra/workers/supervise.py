@@ -18,7 +18,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -26,30 +25,15 @@ from elastic_hydra.agent.seams import Exited
 from elastic_hydra.errors import LogWriteError, WorkerStartError
 from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
 from elastic_hydra.stopsignals import drain
+from elastic_hydra.workers import procfs
 from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
 from elastic_hydra.workers.contain import Containment, reap_orphans
 from elastic_hydra.workers.guard import GroupGuard
-from elastic_hydra.workers.notes import WorkerNotes, tidy_notes
-from elastic_hydra.workers.spawn import Spawner, WorkerProcess, popen_cold
+from elastic_hydra.workers.notes import tidy_notes
+from elastic_hydra.workers.spawn import Spawner, WorkerProcess, WorkerSpec, popen_cold
 
 _KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
 _REAP_EVERY = 1.0  # seconds between looks for ended orphans while the workers run
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerSpec:
-    local_rank: int
-    rank: int
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    cwd: str
-    stdout: Path
-    stderr: Path
-    tee: bool  # copy output to the console (else the worker writes straight into the files)
-    prefix: bytes = b""
-    cpus: tuple[int, ...] | None = None  # CPU affinity; None: the agent's
-    pass_fds: tuple[int, ...] = ()  # descriptors the worker inherits (rank 0's store socket)
-    notes: WorkerNotes | None = None  # tidied once the worker is gone
 
 
 def _private_dirs(rank_dir: Path) -> None:
@@ -123,12 +107,8 @@ class _Worker:
 
     def paused(self) -> bool:
         """Whether the worker is stopped (SIGSTOP, SIGTSTP, a debugger)."""
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            return False
-        return stat[stat.rfind(b")") + 2 :].startswith((b"T", b"t"))
+        found = procfs.stat(self.pid)
+        return found is not None and found.stopped
 
     def group_alive(self) -> bool:
         """Whether a live (non-zombie) process remains in the worker's process group."""
@@ -140,7 +120,7 @@ class _Worker:
             return True
         # killpg also finds zombies, which no signal removes (e.g. a grandchild whose reaper,
         # PID 1 of a container, never reaps): look for a member that is still running.
-        return any(_live_member(entry, self.pid) for entry in os.scandir("/proc"))
+        return any(_live_member(pid, self.pid) for pid in procfs.pids())
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -336,14 +316,6 @@ class LocalWorkers:
         self._sel.close()
 
 
-def _live_member(entry: os.DirEntry[str], pgid: int) -> bool:
-    if not entry.name.isdigit():
-        return False
-    try:
-        with open(f"/proc/{entry.name}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    # Fields after the command name (which may hold spaces): state ppid pgrp ...
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
+def _live_member(pid: int, pgid: int) -> bool:
+    found = procfs.stat(pid)
+    return found is not None and found.pgrp == pgid and found.live

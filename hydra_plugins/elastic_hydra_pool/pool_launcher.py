@@ -156,7 +156,7 @@ def _run_job(context: HydraContext, task: TaskFunction, config: DictConfig) -> i
     """One job, in its forked process, as Hydra's basic launcher runs it: its exit code."""
     from elastic_hydra.errors import EXIT_BUG
     from elastic_hydra.launch.job import SweepStopped
-    from elastic_hydra.records import JobResult
+    from elastic_hydra.records.summary import JobResult
 
     try:
         ret = run_job(

@@ -11,6 +11,7 @@ import pytest
 
 from elastic_hydra.agent.events import (
     FORMAT,
+    ChangeKind,
     Event,
     EventLineError,
     ExitBarrier,
@@ -35,7 +36,6 @@ from elastic_hydra.agent.events import (
     event_from_json,
 )
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.agent.seams import ChangeKind
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import HangAction
 from elastic_hydra.report import notices

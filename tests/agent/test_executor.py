@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from elastic_hydra.agent.events import (
+    ChangeKind,
     Event,
     EventKind,
     Finish,
@@ -32,7 +33,6 @@ from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.restart_policy import backoff_delay
 from elastic_hydra.agent.seams import (
     Change,
-    ChangeKind,
     Exited,
     JobFailures,
     NodeAssignment,
@@ -53,7 +53,7 @@ from elastic_hydra.plan import (
     RestartWindow,
     Standalone,
 )
-from elastic_hydra.records import FailureRecord, PeerChange, PeerFailure, WorkerExit
+from elastic_hydra.records.failures import FailureRecord, PeerChange, PeerFailure, WorkerExit
 from elastic_hydra.rundir import RunDir
 
 SIGTERM = int(signal.SIGTERM)

@@ -8,8 +8,8 @@ from elastic_hydra.agent.events import Preflight
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import NodeAssignment
-from elastic_hydra.health import Check, Finding, PreflightMode, PreflightVerdict
-from elastic_hydra.plan import NodeRange
+from elastic_hydra.plan import NodeRange, PreflightMode
+from elastic_hydra.records.preflight import Check, Finding, PreflightVerdict
 from tests.agent.test_executor import (
     ALL_SUCCEED,
     FakeRendezvous,

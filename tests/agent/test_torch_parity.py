@@ -3,7 +3,7 @@
 `tests/scripts/dump_env.py` dumps its environment, argv and cwd. It runs under
 `torchrun --standalone --nnodes=1 --nproc-per-node=N` and under
 `python -m elastic_hydra script=... nproc_per_node=N` (same topology, same parent environment),
-and every variable of torchrun's worker contract (DESIGN.md section 5, torchrun-study.md A5) is
+and every variable of torchrun's worker contract (docs/worker-environment.md) is
 compared: equal where it must be equal, the same form where the value is per-launch (ports, run
 ids, paths).
 

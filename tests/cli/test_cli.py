@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from elastic_hydra.cli.run import main
 from elastic_hydra.config.composed import composed_job
 from elastic_hydra.plan import Action, LaunchPlan, NodeRange, PythonScript
-from elastic_hydra.records import RunStatus, RunSummary
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.resolve.entry import BOOTSTRAP
 from elastic_hydra.resolve.resolver import resolve_config
 from tests.conftest import REPO

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_hydra.agent.events import WorkersStarted
-from elastic_hydra.records import RunStatus, RunSummary
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from tests.conftest import ELASTIC_HYDRA, WORKERS, free_port, wait_for
 from tests.harness import started
 

@@ -15,7 +15,7 @@ from elastic_hydra.config.explain import from_omegaconf
 from elastic_hydra.config.invocation import keep_as_typed
 from elastic_hydra.config.schema import ElasticHydraConf
 from elastic_hydra.plan import LaunchPlan
-from elastic_hydra.records import RunStatus, RunSummary
+from elastic_hydra.records.summary import RunStatus, RunSummary
 
 BASE = "defaults:\n  - elastic_hydra_base\n  - _self_\nscript: x.py\n"
 

@@ -25,7 +25,7 @@ import pytest
 from elastic_hydra.agent.events import Hang, WorkersStarted
 from elastic_hydra.hangs import share, verdict
 from elastic_hydra.plan import HangAction
-from elastic_hydra.records import GroupState, HangRank, HangRecord, RankState
+from elastic_hydra.records.hangs import GroupState, HangRank, HangRecord, RankState
 from elastic_hydra.tracebacks import parse_threads
 from tests.conftest import WORKERS, free_port, wait_for
 from tests.harness import run, started

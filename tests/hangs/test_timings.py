@@ -19,7 +19,7 @@ from elastic_hydra.agent.events import Finish, Hang, HangWatchStarted, Stopping,
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.plan import HangAction, HangSpec
-from elastic_hydra.records import HangRecord
+from elastic_hydra.records.hangs import HangRecord
 from tests.agent.test_executor import FakeClock, harness, make_plan
 from tests.conftest import WORKERS
 from tests.harness import plan_of, run

@@ -18,7 +18,7 @@ import pytest
 from elastic_hydra.hangs import verdict
 from elastic_hydra.hangs.watch import _with_threads
 from elastic_hydra.plan import HangAction
-from elastic_hydra.records import HangRank, RankState
+from elastic_hydra.records.hangs import HangRank, RankState
 from elastic_hydra.tracebacks import Frame, ThreadStack
 from tests.conftest import WORKERS
 from tests.hangs.test_hangs import launch
@@ -164,7 +164,7 @@ def test_without_one_suspect_group_it_cannot_tell(ranks: list[HangRank], why: st
 
 
 def test_the_report_shows_one_stack_per_place_when_it_cannot_tell() -> None:
-    from elastic_hydra.records import HangRecord
+    from elastic_hydra.records.hangs import HangRecord
     from elastic_hydra.report.render import hang_section
 
     ranks = [dumped(0, 42, ALL_REDUCE), dumped(1, 42, ALL_REDUCE), dumped(2, 38, BACKWARD)]

@@ -19,7 +19,7 @@ import yaml  # type: ignore[import-untyped]
 from elastic_hydra.agent.events import WorkersStarted
 from elastic_hydra.config.composed import config_hash
 from elastic_hydra.launch import wiring
-from elastic_hydra.records import RunStatus, RunSummary
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.report.events_file import read_events
 from elastic_hydra.rundir import RunDir, reserve, room, write_kept
 from tests.conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from elastic_hydra.agent import events
+from elastic_hydra.agent.events import ChangeKind
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.agent.seams import ChangeKind
 from elastic_hydra.observe.snapshot import NodeView, Snapshot, snapshot
 from elastic_hydra.observe.status import (
     MAX_BYTES,
@@ -73,7 +73,7 @@ def test_the_record_follows_the_events_through_a_failure_and_a_restart() -> None
 def test_a_hang_marks_running_ranks_hung_until_they_progress_again() -> None:
     t = tracker()
     t.emit(events.HangWatchStarted(**T, timeout=5.0, warmup=0.0, first_verdict=5.0,
-                                   action=HangAction.REPORT))  # fmt: skip
+                                   action=HangAction.REPORT, learned=False))  # fmt: skip
     started(t)
     t.emit(events.Hang(**T, verdict="all in sleep", action=HangAction.REPORT, idle=6.0, attempt=0))
     hung = t.record(now=110.0, samples={}, progress={0: 100.0, 1: 100.0})

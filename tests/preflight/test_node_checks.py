@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from elastic_hydra.health import Check
+from elastic_hydra import nvml
 from elastic_hydra.preflight import node_checks
 from elastic_hydra.preflight.results import GpuThrottle, NodeProblem
+from elastic_hydra.records.preflight import Check
 
 
 def run(*cmd: str) -> None:
@@ -111,4 +112,4 @@ def test_nvml_names_ecc_errors_retired_pages_and_throttling_per_gpu() -> None:
 
 def test_without_pynvml_the_gpu_check_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import fails
-    assert node_checks.load_nvml() is None
+    assert nvml.load() is None  # the battery then skips the GPU check

@@ -9,8 +9,10 @@ cgroup v1 `cpu` group whose `cpu.cfs_quota_us` gives it a quarter of a CPU (remo
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
+import stat
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -97,7 +99,10 @@ def test_a_fixed_size_job_with_a_read_only_path_on_one_node_stops_before_the_scr
         [],
         [socket.gethostname()],
     )
-    assert data.stat().st_mode and not list(data.iterdir())  # writable here, nothing left in it
+    # Writable here: the read-only bind mount lived and died in the bad node's mount namespace.
+    assert data.stat().st_mode & stat.S_IWUSR and os.access(data, os.W_OK)  # root: not EROFS
+    assert not os.statvfs(data).f_flag & os.ST_RDONLY
+    assert not list(data.iterdir())  # and nothing left in it
     # The bad node, and it alone, put itself into the ledger and said so.
     (entry,) = Ledger(ledger).active(0)
     assert (entry.host, entry.gpu, entry.job) == (socket.gethostname(), None, j.run_id)

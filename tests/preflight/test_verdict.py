@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from elastic_hydra.health import Check, PreflightMode, PreflightVerdict
+from elastic_hydra.plan import PreflightMode
 from elastic_hydra.preflight.probe import pairings  # plain Python: torch is imported lazily
 from elastic_hydra.preflight.results import (
     MAX_REPORT,
@@ -18,6 +18,7 @@ from elastic_hydra.preflight.results import (
     read_report,
 )
 from elastic_hydra.preflight.verdict import Judgement, Rating, judge, rate
+from elastic_hydra.records.preflight import Check, PreflightVerdict
 
 RATING = Rating(mode=PreflightMode.QUICK, min_ratio=0.8, round=3)
 

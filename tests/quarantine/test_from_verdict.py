@@ -7,11 +7,11 @@ import dataclasses
 from pathlib import Path
 
 from elastic_hydra.agent.seams import NodeAssignment
-from elastic_hydra.health import Check, Finding, PreflightMode, PreflightVerdict
 from elastic_hydra.launch.preflight import Quarantining
-from elastic_hydra.plan import Endpoint, QuarantineSpec
+from elastic_hydra.plan import Endpoint, PreflightMode, QuarantineSpec
 from elastic_hydra.quarantine.from_verdict import entries, quarantined_line
 from elastic_hydra.quarantine.ledger import Ledger
+from elastic_hydra.records.preflight import Check, Finding, PreflightVerdict
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0

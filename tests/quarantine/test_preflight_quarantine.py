@@ -14,7 +14,8 @@ import pytest
 from elastic_hydra.agent.events import Joining, Quarantined
 from elastic_hydra.errors import EXIT_PREFLIGHT_NODE, EXIT_QUARANTINED
 from elastic_hydra.quarantine.ledger import Ledger
-from elastic_hydra.records import Phase, RunSummary
+from elastic_hydra.records.goodput import Phase
+from elastic_hydra.records.summary import RunSummary
 from elastic_hydra.report.events_file import read_events
 from tests.conftest import WORKERS
 from tests.harness import run

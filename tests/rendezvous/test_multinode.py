@@ -22,8 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from elastic_hydra.agent.events import Event, ExitBarrier, Joining, MembershipChange
-from elastic_hydra.agent.seams import ChangeKind
+from elastic_hydra.agent.events import ChangeKind, Event, ExitBarrier, Joining, MembershipChange
 from tests.conftest import WORKERS, free_port, wait_for
 from tests.harness import ELASTIC_HYDRA, launcher_env, on_a_terminal
 from tests.multinode import FAST, Agent, Job, job, rdzv_server

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from elastic_hydra.records import FailureRecord, FailureSource
+from elastic_hydra.records.failures import FailureRecord, FailureSource
 from elastic_hydra.rendezvous.sealed_records import check, check_all, seal
 from elastic_hydra.tracebacks import Frame, Stack
 from tests.multinode import FAST, job, rdzv_server

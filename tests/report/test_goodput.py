@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from elastic_hydra.agent import events as ev
+from elastic_hydra.agent.events import ChangeKind
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.agent.seams import ChangeKind
 from elastic_hydra.gpus import Gpu, WorkerDevices
 from elastic_hydra.plan import HangAction
-from elastic_hydra.records import Ledger, Phase, RunSummary
+from elastic_hydra.records.goodput import Ledger, Phase
+from elastic_hydra.records.summary import RunSummary
 from elastic_hydra.report import goodput
 from elastic_hydra.report.summary import node_ledger
 from tests.conftest import WORKERS

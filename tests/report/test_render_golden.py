@@ -24,7 +24,8 @@ from rich.console import Console
 
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.plan import LaunchPlan, NodeRange, PythonScript, Standalone
-from elastic_hydra.records import FailureRecord, FailureSource, RunStatus, RunSummary, WorkerExit
+from elastic_hydra.records.failures import FailureRecord, FailureSource, WorkerExit
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.report import render
 from elastic_hydra.report.summary import summarize
 from elastic_hydra.tracebacks import Frame, Stack

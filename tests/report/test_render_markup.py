@@ -14,7 +14,7 @@ from rich.table import Table
 
 from elastic_hydra.agent.events import Finish
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.records import JobResult
+from elastic_hydra.records.summary import JobResult
 from elastic_hydra.report import history, plan_view, render
 from elastic_hydra.sweeps import view
 from elastic_hydra.sweeps.pool import JobRow, PoolJob, State

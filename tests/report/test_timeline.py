@@ -12,7 +12,8 @@ from pathlib import Path
 
 from elastic_hydra.agent import events as ev
 from elastic_hydra.agent.outcome import Status
-from elastic_hydra.records import FailureRecord, RunStatus, RunSummary
+from elastic_hydra.records.failures import FailureRecord
+from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.report import gantt, goodput, timeline
 from tests.conftest import ELASTIC_HYDRA, WORKERS
 from tests.harness import launcher_env, run

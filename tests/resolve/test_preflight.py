@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.health import PreflightMode
-from elastic_hydra.plan import PreflightSpec
+from elastic_hydra.plan import PreflightMode, PreflightSpec
 from tests.harness import plan_of
 
 C10D = ("nnodes=2:4", "rdzv=c10d", "rdzv.endpoint=127.0.0.1:29400", "rdzv.id=j")

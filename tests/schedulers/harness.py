@@ -49,7 +49,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO, free_port, wait_for
+from tests.conftest import REPO, free_port, rewrite, wait_for
 
 HOSTS_FILE = Path("/etc/hosts")
 _HOSTS_MARK = "# elastic-hydra k8s harness"
@@ -96,6 +96,9 @@ class Controller:
     reason: str = ""
     succeeded: set[int] = dataclasses.field(default_factory=set)
     ended: list[str] = dataclasses.field(default_factory=list)  # every end of the JobSet
+    # Each pod failure, in order: (index, the podFailurePolicy rule that matched it, or None
+    # when none did and it counted against backoffLimit).
+    decided: list[tuple[int, dict[str, Any] | None]] = dataclasses.field(default_factory=list)
 
     # ------------------------------------------------------------------------------ pods
     def hostname(self, index: int) -> str:
@@ -126,7 +129,10 @@ class Controller:
             self.start(index)
 
     def kill(self, index: int, *, disruption: bool = False) -> None:
-        """Lose pod `index` at once (its node gone, or an eviction when `disruption`)."""
+        """Kill pod `index` at once. With `disruption`, the pod fails as Kubernetes fails one
+        whose node is lost or that is evicted: with the DisruptionTarget condition (the taint
+        manager's eviction, the pod GC and the eviction API all add it). Without, as a container
+        killed in place (an OOM kill): exit 137 and nothing more."""
         pod = self.pods[index]
         pod.disrupted = disruption
         _kill_tree(pod.proc.pid, signal.SIGKILL)
@@ -158,7 +164,9 @@ class Controller:
                 if self._job_succeeded():
                     self._end(Phase.SUCCEEDED, "Completed")
                 continue
-            action = self._pod_failure_action(code, pod.disrupted)
+            rule = self._pod_failure_rule(code, pod.disrupted)
+            self.decided.append((index, rule))
+            action = None if rule is None else rule["action"]
             if action == "FailJob":
                 self._job_failed("PodFailurePolicy")
             elif action == "Ignore":
@@ -178,14 +186,16 @@ class Controller:
                 return True
         return len(self.succeeded) == int(self.job["completions"])
 
-    def _pod_failure_action(self, code: int, disrupted: bool) -> str | None:
-        for rule in self.job.get("podFailurePolicy", {}).get("rules", []):
+    def _pod_failure_rule(self, code: int, disrupted: bool) -> dict[str, Any] | None:
+        """The Job's first podFailurePolicy rule that matches the failure, or None."""
+        rules: list[dict[str, Any]] = self.job.get("podFailurePolicy", {}).get("rules", [])
+        for rule in rules:
             on_codes = rule.get("onExitCodes")
             if on_codes and (code in on_codes["values"]) == (on_codes["operator"] == "In"):
-                return str(rule["action"])
+                return rule
             conditions = rule.get("onPodConditions", [])
             if disrupted and any(c["type"] == "DisruptionTarget" for c in conditions):
-                return str(rule["action"])
+                return rule
         return None  # counted against backoffLimit
 
     def _job_failed(self, reason: str) -> None:
@@ -355,11 +365,11 @@ def _hosts(names: Mapping[str, str], subdomain: str) -> Iterator[None]:
     text = HOSTS_FILE.read_text()
     block = "".join(["" if not text or text.endswith("\n") else "\n", f"{mark} (begin)\n",
                      *lines, f"{mark} (end)\n"])  # fmt: skip
-    HOSTS_FILE.write_text(text + block)
+    rewrite(HOSTS_FILE, text + block)
     try:
         yield
     finally:
-        HOSTS_FILE.write_text(HOSTS_FILE.read_text().replace(block, "", 1))
+        rewrite(HOSTS_FILE, HOSTS_FILE.read_text().replace(block, "", 1))
 
 
 def _kill_tree(pid: int, sig: int) -> None:

@@ -62,8 +62,10 @@ def sized(out: Path, world: int) -> int:
 
 
 def test_an_elastic_jobset_survives_the_loss_of_a_pod(tmp_path: Path) -> None:
-    """nnodes=2:4: pod 3 is lost; the others go on without it, spending no restart (their
-    broken ranks are the lost pod's collateral); its replacement re-joins."""
+    """nnodes=2:4: pod 3 is lost with its node; the others go on without it, spending no restart
+    (their broken ranks are the lost pod's collateral); its replacement re-joins. Kubernetes fails
+    a lost node's pod with the DisruptionTarget condition, and the manifest's pod failure policy
+    Ignores that: the pod is replaced without counting against the Job's backoffLimit."""
     out, logs, release = tmp_path / "out", tmp_path / "logs", tmp_path / "release"
     out.mkdir()
     docs = rendered("jobset", f"script={WORKERS / 'elastic.py'}", "nnodes=2:4",
@@ -73,7 +75,7 @@ def test_an_elastic_jobset_survives_the_loss_of_a_pod(tmp_path: Path) -> None:
     with harness.running(docs, tmp_path, env) as ctl:
         ctl.start_all()
         ctl.wait("a round of 4", lambda: sized(out, 4) >= 4, 240)
-        ctl.kill(3)  # its node is gone: SIGKILL to the agent and its workers
+        ctl.kill(3, disruption=True)  # its node is gone: its agent and workers with it
         # A lost node's pod is declared failed only later (the node controller's grace): until
         # then nothing replaces it, and the others go on as three.
         wait_for(lambda: sized(out, 3) >= 3, 120, "a round of 3", detail=ctl.explain)
@@ -82,7 +84,14 @@ def test_an_elastic_jobset_survives_the_loss_of_a_pod(tmp_path: Path) -> None:
         phase = ctl.run(180)
         assert phase is harness.Phase.SUCCEEDED, ctl.explain()
     assert ctl.created == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 3)]  # pod 3 recreated once
-    assert (ctl.attempt, ctl.failures) == (0, 1)  # no JobSet restart; one pod replaced
+    # The manifest's rule for a disrupted pod decided the lost pod's fate, and it is Ignore.
+    (jobset,) = [d for d in docs if d["kind"] == "JobSet"]
+    rules = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]["rules"]
+    (lost,) = [r for r in rules if {"type": "DisruptionTarget", "status": "True"}
+               in r.get("onPodConditions", [])]  # fmt: skip
+    assert lost["action"] == "Ignore"
+    assert ctl.decided == [(3, lost)], ctl.explain()  # the only pod failure
+    assert (ctl.attempt, ctl.failures) == (0, 0)  # no JobSet restart, nothing against backoffLimit
     done = summaries(logs)
     assert len(done) == 4, ctl.explain()  # the lost pod wrote none
     for summary in done:

@@ -171,7 +171,9 @@ def test_a_bad_manifest_request_is_one_line(
 
 
 def test_the_validators_refuse_what_a_cluster_would(capsys: pytest.CaptureFixture[str]) -> None:
-    """Not vacuous: an unknown field or a wrong type anywhere fails."""
+    """Not vacuous: an unknown field or a wrong type anywhere fails, and each validator refuses
+    what only it checks: a JobSet failure policy action that is a Job's (FailJob) passes the
+    trainer models (a plain string there) and is refused by the JobSet CRD's schema alone."""
     jobset_docs = render(capsys, DDP, IMAGE, "--plan=jobset")
     train_docs = render(capsys, DDP, IMAGE, "--plan=trainjob")
 
@@ -189,6 +191,11 @@ def test_the_validators_refuse_what_a_cluster_would(capsys: pytest.CaptureFixtur
             doc["spec"]["trainer"]["nodes"] = 2
         elif where == "configmap":
             doc["data"]["job.yaml"] = 7
+        elif where == "jobset-action":
+            doc["spec"]["failurePolicy"]["rules"][0]["action"] = "FailJob"
+        elif where == "runtime-action":  # the TrainingRuntime's JobSet template
+            (doc,) = [d for d in docs if d["kind"] == "TrainingRuntime"]
+            doc["spec"]["template"]["spec"]["failurePolicy"]["rules"][0]["action"] = "FailJob"
         return docs
 
     for docs, where, error in [
@@ -197,9 +204,15 @@ def test_the_validators_refuse_what_a_cluster_would(capsys: pytest.CaptureFixtur
         (jobset_docs, "pod", (kubernetes_validate.ValidationError, AssertionError)),
         (train_docs, "trainjob", (AssertionError,)),
         (jobset_docs, "configmap", (kubernetes_validate.ValidationError,)),
+        (jobset_docs, "jobset-action", (jsonschema.ValidationError,)),
+        (train_docs, "runtime-action", (jsonschema.ValidationError,)),
     ]:
         with pytest.raises(error):
             validate.validate(broken(docs, where))
+    # The CRD's schema is the strict one: an unknown field fails there too, not only in a model.
+    doc = broken(jobset_docs, "jobset-spec")[-1]
+    with pytest.raises(jsonschema.ValidationError, match="restartPolicy"):
+        jsonschema.validate(doc, validate._crd_schema())
 
 
 def test_validated_versions_are_named() -> None:

@@ -2,7 +2,8 @@
 
     daemonize.py MODE PIDFILE MARKER     MODE: ok (exit 0), fail (exit 1), wait (until stopped)
 
-The daemon writes its pid to PIDFILE and sleeps 60 s; MARKER in its argv lets a test find it.
+The daemon writes its /proc/self/cgroup to PIDFILE.cgroup, then its pid to PIDFILE, and sleeps
+60 s; MARKER in its argv lets a test find it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ def main() -> int:
         os.setsid()
         if os.fork() == 0:
             os.chdir("/")
+            with open("/proc/self/cgroup") as source, open(pidfile + ".cgroup", "w") as f:
+                f.write(source.read())  # where it runs, there once PIDFILE is
             with open(pidfile + ".tmp", "w") as f:
                 f.write(str(os.getpid()))
             os.rename(pidfile + ".tmp", pidfile)

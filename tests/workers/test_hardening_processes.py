@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -28,7 +29,8 @@ from elastic_hydra.errors import WorkerStartError
 from elastic_hydra.report.events_file import read_events
 from elastic_hydra.workers import contain
 from elastic_hydra.workers.console import ConsoleSink
-from elastic_hydra.workers.supervise import LocalWorkers, WorkerSpec
+from elastic_hydra.workers.spawn import WorkerSpec
+from elastic_hydra.workers.supervise import LocalWorkers
 from tests.conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -75,10 +77,24 @@ def agent(tmp_path: Path, *args: str, **popen: object) -> subprocess.Popen[bytes
     )
 
 
+def cgroup_v2(text: str) -> str:
+    """The cgroup v2 path in the text of a /proc/PID/cgroup (its `0::` line)."""
+    (path,) = [line[3:] for line in text.splitlines() if line.startswith("0::")]
+    return path
+
+
 def cgroups_left(agent_pid: int) -> list[str]:
-    """The cgroups of the launch whose agent is `agent_pid` (others may run beside the tests)."""
-    root = Path("/sys/fs/cgroup")
-    return [str(p) for p in root.rglob(f"elastic-hydra-{agent_pid}-*") if p.is_dir()]
+    """The cgroups of the launch whose agent is `agent_pid` (others may run beside the tests).
+
+    os.walk, not Path.rglob: the launches of other tests make and remove cgroups meanwhile, and
+    rglob raises for a directory gone between its listing and its scan (os.walk skips it)."""
+    prefix = f"elastic-hydra-{agent_pid}-"
+    return [
+        os.path.join(parent, name)
+        for parent, names, _ in os.walk("/sys/fs/cgroup")
+        for name in names
+        if name.startswith(prefix)
+    ]
 
 
 # ------------------------------------------------------------- SIGKILL of the agent at start-up
@@ -144,6 +160,15 @@ def test_a_daemonized_descendant_does_not_outlive_the_job(
     expected = {"exit": 0 if mode == "ok" else 1, "SIGTERM": 143, "SIGKILL": -9}[end]
     assert code == expected
     assert_none_left(marker, "the daemon")
+    # Where the daemon ran: in a cgroup the launch made for itself, a child of the one the
+    # launcher started in (named after its agent); with the cgroup off, in the launcher's own.
+    ran_in = cgroup_v2(Path(f"{pidfile}.cgroup").read_text())
+    ours = cgroup_v2(Path("/proc/self/cgroup").read_text())  # the agent's, as it inherited it
+    if cgroup == "on":
+        launch = rf"{re.escape(ours.rstrip('/'))}/elastic-hydra-{proc.pid}-[0-9a-f]{{8}}"
+        assert re.fullmatch(launch, ran_in), (ran_in, launch)
+    else:
+        assert ran_in == ours
     wait_for(lambda: not cgroups_left(proc.pid), 10, "the launch's cgroup to be removed")
 
 
@@ -247,7 +272,8 @@ def test_the_next_launch_removes_the_cgroups_of_agents_killed_with_their_guard(
         assert alive.exists()  # its agent (this test) is alive: never touched
     finally:
         for group in (stale, alive):
-            if group.exists():
+            # Another test's launch removes `stale` too, maybe between a check and an rmdir here.
+            with contextlib.suppress(FileNotFoundError):
                 group.rmdir()
 
 

@@ -1,14 +1,13 @@
-"""The results of a launch as typed records, with their JSON: one worker's exit, one worker's
-failure, the run's summary (summary.json) and one job's result (result.json). Pure data and pure
-functions.
+"""A worker's end as typed records: its exit (`WorkerExit`), its failure (`FailureRecord`), the
+root cause among failures, and what the store tells of a torchrun peer (`PeerFailure`). Pure.
 
 A failed worker is one `FailureRecord` from its exit to the report: built once when its exit is
 seen (its files read then), the same in memory, in summary.json and in the rendezvous store.
 The root cause is chosen here, by one rule, for this node's exits and for the job-wide records
 alike; a return code is described by one function, and the records that tell one derive it
-(fields with init=False: written to JSON, recomputed rather than read back). summary.json is read
-back by `report`, and failure records also arrive from other nodes through the rendezvous store,
-so `from_json` checks every field it reads (ValueError naming the field).
+(fields with init=False: written to JSON, recomputed rather than read back). Failure records
+also arrive from other nodes through the rendezvous store, so `from_json` checks every field it
+reads (ValueError naming the field).
 """
 
 from __future__ import annotations
@@ -18,11 +17,9 @@ import re
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from elastic_hydra.health import PreflightVerdict
 from elastic_hydra.jsonrecord import JsonRecord
-from elastic_hydra.plan import HangAction
 from elastic_hydra.tracebacks import Stack
 
 T = TypeVar("T")
@@ -237,62 +234,6 @@ def job_root_cause(records: Iterable[FailureRecord]) -> FailureRecord | None:
     )
 
 
-class RankState(enum.StrEnum):
-    """Where a rank of a hung job was found."""
-
-    DUMPED = "dumped"  # its stacks are in HangRank.threads
-    STOPPED = "stopped"  # SIGSTOPped: it cannot dump
-    EXITED = "exited"
-    NO_DUMP = "no_dump"  # not run through the bootstrap (cmd=, bootstrap=false) and no py-spy
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupState(JsonRecord):
-    """One process group's collectives on one rank, when its job was found hung: the last it
-    issued (torch's sequence number) and, from the Flight Recorder, the last it completed and
-    the last collective's op and input sizes ("" and None where the recorder is off)."""
-
-    group: str  # torch.distributed's name of the group ("0": the default group)
-    issued: int
-    completed: int | None = None
-    op: str = ""  # e.g. gloo:all_reduce
-    sizes: str = ""  # its input sizes, e.g. [[2, 3]]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HangRank(JsonRecord):
-    """Where one rank was when its job was found hung."""
-
-    rank: int
-    local_rank: int
-    pid: int
-    host: str = ""
-    node_rank: int | None = None
-    state: RankState
-    file: str = ""  # the innermost frame of the user's code
-    line: int = 0
-    function: str = ""
-    code: str = ""  # that line's source
-    call: str = ""  # the library call below it, e.g. torch.distributed...all_reduce
-    odd: bool = False  # in the odd group out
-    threads: tuple[dict[str, Any], ...] = ()  # {"thread_id", "main", "frames": [...]}
-    groups: tuple[GroupState, ...] = ()  # its collectives by process group
-    no_groups: str = ""  # why there are none: torch.distributed not in use, no answer, ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HangRecord(JsonRecord):
-    """A hang: no rank made progress for `idle_s` seconds; every rank's place, then the action."""
-
-    verdict: str
-    idle_s: float
-    timeout_s: float
-    action: HangAction
-    attempt: int
-    time: float  # when it was found (wall clock)
-    ranks: tuple[HangRank, ...] = ()
-
-
 class PeerChange(enum.StrEnum):
     """What the rendezvous store tells of a node that publishes no failure records: the words
     follow the node's name in `PeerFailure.line`."""
@@ -322,116 +263,3 @@ def peer_name(node_rank: int | None, node: str, ranks: str, launcher: str = "tor
     """`node 0 (torchrun agent on 10.0.0.1, pid 42; ranks 0-7)`."""
     which = "a node" if node_rank is None else f"node {node_rank}"
     return f"{which} ({launcher} agent on {node}{f'; ranks {ranks}' if ranks else ''})"
-
-
-class Phase(enum.StrEnum):
-    """Where a node's wall time went (the goodput ledger's rows, in the order of a run)."""
-
-    STARTUP = "startup"  # agent start to the first rendezvous, and spawning the first workers
-    RENDEZVOUS = "rendezvous"  # the first round, and re-rendezvous after a membership change
-    PREFLIGHT = "preflight"  # checks before the workers start (0 where none ran)
-    RUNNING = "running"  # workers running (less the hung time)
-    RESTART = "restart"  # a failure or hang verdict to the next attempt's workers running
-    HUNG = "hung"  # the last progress to a hang verdict
-    STOPPING = "stopping"  # the end of the last attempt (a final failure, a signal) to the exit
-    UNATTRIBUTED = "unattributed"  # no event tells (the timeline stops early)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PhaseTime(JsonRecord):
-    """One row of a ledger: seconds of wall time, and GPU-seconds (wall x the GPUs held)."""
-
-    phase: Phase
-    wall_s: float
-    gpu_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LostWork(JsonRecord):
-    """Work lost to one failure: from the last progress seen before it to the failure."""
-
-    attempt: int
-    cause: str  # "rank 1 exited with code 1", "hang"
-    at_s: float  # seconds after the agent started
-    lost_s: float | None  # None: no progress was seen (no hang watch, or no note before it)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ledger(JsonRecord):
-    """The goodput ledger: where wall time and GPU-seconds went, on one node or a whole job
-    (`nodes` names the nodes it sums; a job's wall is node-seconds)."""
-
-    nodes: tuple[str, ...]
-    wall_s: float
-    gpus: int  # GPUs held by the workers (0: no GPU; for a job, the sum over its nodes)
-    phases: tuple[PhaseTime, ...]
-    lost: tuple[LostWork, ...] = ()
-
-    def seconds(self, phase: Phase) -> float:
-        return sum(p.wall_s for p in self.phases if p.phase is phase)
-
-    @property
-    def lost_s(self) -> float:
-        return sum(w.lost_s or 0.0 for w in self.lost)
-
-
-class RunStatus(enum.StrEnum):
-    """How a launch ended on this node: the agent's `Status`, or an end before the agent ran."""
-
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"  # the agent received a signal
-    RENDEZVOUS_FAILED = "rendezvous_failed"
-    QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it did not join
-    PREFLIGHT_FAILED = "preflight_failed"  # this node failed its preflight (exit 4)
-    PREFLIGHT_STOPPED = "preflight_stopped"  # others failed theirs, too few remain (exit 5)
-    CONFIG_ERROR = "config_error"  # bad input found only at the launch (e.g. torch missing)
-    ERROR = "error"  # a bug in the launcher (EXIT_BUG)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSummary(JsonRecord):
-    """summary.json: how a launch ended on this node. A launch that ended before its workers
-    (bad input found late, a launcher bug) has only status, exit code and message."""
-
-    status: RunStatus
-    exit_code: int
-    message: str = ""
-    entrypoint: str = ""
-    attempts: int = 0  # starts of the worker group
-    restarts: int = 0  # of which restarts for failures
-    started: float = 0.0
-    duration_s: float = 0.0
-    host: str = ""
-    run_id: str = ""
-    run_dir: str = ""
-    signal: str | None = None
-    stuck_pids: tuple[int, ...] = ()
-    root_cause: FailureRecord | None = None
-    failures: tuple[FailureRecord, ...] = ()
-    job_failures: tuple[FailureRecord, ...] = ()
-    exits: tuple[WorkerExit, ...] = ()
-    hang: HangRecord | None = None  # the last hang found (hang.timeout)
-    peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
-    ledger: Ledger | None = None  # where this node's time went (the goodput ledger)
-    preflight: PreflightVerdict | None = None  # the last round's preflight verdict
-
-    @property
-    def earlier_failures(self) -> tuple[FailureRecord, ...]:
-        """This node's real failures in attempts before its last: each was followed by a new
-        start of the worker group. In a run that succeeded, the failures restarts recovered;
-        their tracebacks are worth as much as the root cause's (the next run may not recover)."""
-        last = self.attempts - 1
-        return tuple(f for f in self.failures if f.failed and f.attempt < last)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobResult(JsonRecord):
-    """result.json: what one job of a command (a run, or one point of a sweep) ended with."""
-
-    overrides: tuple[str, ...] = ()
-    exit_code: int
-    run_dir: str
-    message: str = ""
-    summary: RunSummary | None = None
-    swept: bool = False  # one job of a sweep (-m, or a job that sets hydra.mode: MULTIRUN)

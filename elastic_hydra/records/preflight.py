@@ -1,4 +1,5 @@
-"""The preflight verdict as data: what the battery found, which nodes and GPUs it names. Pure.
+"""The preflight verdict as typed records: what the battery found, which nodes and GPUs it names.
+Pure.
 
 Every node of a job computes the same `PreflightVerdict` from every node's results (see
 `preflight.verdict`); the executor acts on it (`bad_nodes`), summary.json and `report` carry it,
@@ -11,12 +12,7 @@ import enum
 from dataclasses import dataclass
 
 from elastic_hydra.jsonrecord import JsonRecord
-
-
-class PreflightMode(enum.StrEnum):
-    OFF = "off"  # no battery: the workers start right after the rendezvous
-    QUICK = "quick"  # GEMM per worker, allreduce in and across nodes, node checks
-    FULL = "full"  # quick, then node pairs to name a slow link
+from elastic_hydra.plan import PreflightMode
 
 
 class Check(enum.StrEnum):
