@@ -316,9 +316,17 @@ def _for_torchfrtrace(dump: bytes, world: Any) -> bytes:
     """torch's own dump (a pickle torch made in this process), as torchfrtrace reads it: with
     `entries` even before the first collective, and each group's members in `pg_config`, which
     gloo's recorder leaves empty."""
+    import io
     import pickle
 
-    data = pickle.loads(dump)
+    class _PlainData(pickle.Unpickler):  # torch's dump is plain data: no class is admitted
+        def find_class(self, module: str, name: str) -> Any:
+            raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+    try:
+        data = _PlainData(io.BytesIO(dump)).load()
+    except Exception:  # not the plain data it was: torch's own dump, as it is
+        return dump
     data.setdefault("entries", [])
     data["pg_config"] = {
         str(name): {"name": str(name), "desc": str(getattr(pg, "group_desc", "")),
