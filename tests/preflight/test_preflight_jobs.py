@@ -79,6 +79,10 @@ def test_a_fixed_size_job_with_a_read_only_path_on_one_node_stops_before_the_scr
                  f"quarantine.ledger={ledger}")  # fmt: skip
     with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
         j.start(*overrides)
+        # The healthy node binds the store first (the c10d store lives in the agent that does):
+        # the bad node's exit must not take it along before the healthy one reads the verdict.
+        wait_for(lambda: "joining the rendezvous" in j.agents[0].text(), AGENT_DEADLINE,
+                 "the healthy node to join", detail=j.explain)  # fmt: skip
         start_read_only(j, data, *overrides)
         codes = j.finish(AGENT_DEADLINE)
     assert codes == [EXIT_PREFLIGHT_JOB, EXIT_PREFLIGHT_NODE], j.explain()
