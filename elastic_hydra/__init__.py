@@ -11,6 +11,7 @@ The folders, from the user down (each `__init__` says what it owns):
     workers/     this node's processes: supervise, spawn, contain, console, bootstrap, /proc
     rendezvous/  how nodes meet and what they share (the only torch user)
     hangs/       progress watch, verdict, sharing across nodes
+    stragglers/  the rank that arrives last at the collectives, named while the job runs
     report/      failure files, summary, rendering, notices
     sweeps/      the pool launcher's engine and its view
     observe/     a running job watched: status records, `top`, metrics
@@ -18,7 +19,8 @@ The folders, from the user down (each `__init__` says what it owns):
     quarantine/  bad hosts and GPUs kept out of later rounds and jobs: the ledger, the gate
     schedulers/  what a scheduler tells a node (Slurm, Kubeflow, JobSet ...); the manifests
     warm/        warm starts: workers forked from a template that imported the job's modules
-    records/     the typed records of a run: failures, hangs, goodput, preflight, summary
+    records/     the typed records of a run: failures, hangs, stragglers, goodput, preflight,
+                 summary
 
 The shared words every folder may use are `records/` and the modules at the root: `errors`,
 `plan`, `jsonrecord`, `tracebacks`, `rundir`, `redact`, `stopsignals`, `gpus`, `durations`,

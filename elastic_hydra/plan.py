@@ -251,6 +251,31 @@ class HangSpec:
 LEARNED = HangSpec(learned=True)  # the default: hang.timeout=auto
 
 
+# The straggler rule (see StragglerSpec and stragglers.score).
+NAME_SHARE = 0.8  # of the last straggler.window collectives a rank arrives last at, to be named
+QUICK_SHARE = 0.9  # ... or of the last MIN_SCORED (14 of 15)
+CLEAR_SHARE = 0.5  # of the last MIN_SCORED, under which a named rank is cleared
+MIN_SCORED = 15  # collectives scored before anyone is named
+RELATIVE = 0.1  # of the job's median interval between collectives: the least lateness named
+
+
+class StragglerAction(enum.StrEnum):
+    OFF = "off"  # no score
+    REPORT = "report"  # a console line, an event, top's column and a metric; nothing stopped
+    FAIL = "fail"  # ... then stop the workers and end the job (exit 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StragglerSpec:
+    """The straggler score (see `stragglers.score`): over each rank's last `window` collectives,
+    a rank last at most of them by a median of at least `behind` seconds (and a tenth of the
+    job's interval between collectives) is named. It needs the hang watch's sampler."""
+
+    action: StragglerAction = StragglerAction.REPORT
+    window: int = 50
+    behind: float = 0.01
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSpec:
     """Prometheus metrics of the agent: served on `port` (0: any free one; None: not served)
@@ -286,6 +311,7 @@ class LaunchPlan:
     restart: RestartSpec = RestartSpec()
     logs: LogSpec = LogSpec()
     hang: HangSpec = LEARNED
+    straggler: StragglerSpec = StragglerSpec()
     metrics: MetricsSpec = MetricsSpec()
     stop_grace: float = 30.0
     monitor_interval: float = 0.1

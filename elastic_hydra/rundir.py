@@ -27,6 +27,7 @@ _STACKS, _PROGRESS = "stacks.txt", "progress"
 _POOL = "pool.json"
 _ROOM = ".room"  # .summary.json.room: the disk space kept for summary.json since the start
 _STATUS = "status.json"  # the agent's status record, replaced every few seconds (observe/)
+_ARRIVALS = "arrivals.jsonl"
 _COLLECTIVES = "collectives.json"
 _FR_PREFIX = "flight_recorder_rank_"  # + the global rank (workers/bootstrap.py writes them)
 _PREFLIGHT, _PROBE_RESULT = "preflight_", "measured.json"  # preflight_<round>/<local rank>/
@@ -199,6 +200,11 @@ class RunDir:
         issued and completed, with the op; beside it, `flight_recorder_rank_<rank>`, torch's
         Flight Recorder dump as torchfrtrace reads it (`--prefix flight_recorder_rank_`)."""
         return self.rank_dir(attempt, local_rank) / _COLLECTIVES
+
+    def arrivals_file(self, attempt: int, local_rank: int) -> Path:
+        """When the worker arrived at its recent collectives (the straggler score): lines
+        `[group, sequence number, op, time]`."""
+        return self.rank_dir(attempt, local_rank) / _ARRIVALS
 
     def preflight_dir(self, round: int, local_rank: int) -> Path:
         """A preflight probe worker's files in a round: stdout.log, stderr.log, result.json."""

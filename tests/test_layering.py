@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 PACKAGE = REPO / "elastic_hydra"
@@ -40,6 +42,7 @@ FOLDERS: dict[str, set[str]] = {
                "observe",
                "quarantine",  # the status publisher and metrics; the ledger's gate
                "preflight",  # the battery between a round and the workers
+               "stragglers",  # the straggler watch beside the hang watch
                "warm"},
     "agent": set(),
     "workers": {"agent"},
@@ -51,6 +54,7 @@ FOLDERS: dict[str, set[str]] = {
     "quarantine": set(),  # the ledger and the gate: launch wires it, cli edits it
     "warm": {"workers", "agent"},  # the spawner seam of supervise; the worker environment
     "preflight": {"agent"},
+    "stragglers": {"agent"},  # the watch's seams (JobShare, NodeAssignment)
     "schedulers": set(),
     RECORDS: set(),  # imports the root only; every folder may import it, as it may the root
     ROOT: set(),  # imports no folder, records/ included
@@ -60,6 +64,7 @@ PURE_FOLDERS = ("agent", "torchrun", "schedulers", "records")
 PURE_ROOT = ("plan", "errors", "jsonrecord", "tracebacks", "gpus", "redact", "durations")
 PURE_MORE = (
     "hangs.verdict",
+    "stragglers.score",
     "rendezvous.sealed_records",
     "report.goodput",
     "report.timeline",
@@ -301,9 +306,11 @@ def test_pure_modules_do_no_io() -> None:
     assert offenders == []
 
 
-def test_bootstrap_uses_the_standard_library_only() -> None:
-    # It runs inside the user's interpreter, which need not have elastic-hydra installed.
-    roots = imported_roots(PACKAGE / "workers" / "bootstrap.py")
+@pytest.mark.parametrize("module", ["bootstrap", "recorder"])
+def test_bootstrap_uses_the_standard_library_only(module: str) -> None:
+    # It runs inside the user's interpreter, which need not have elastic-hydra installed (and
+    # loads `recorder` beside it by path).
+    roots = imported_roots(PACKAGE / "workers" / f"{module}.py")
     assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
 
 

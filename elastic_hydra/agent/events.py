@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeAlias, TypedDict
 
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.jsonrecord import checked, plain
-from elastic_hydra.plan import HangAction
+from elastic_hydra.plan import HangAction, StragglerAction
 
 FORMAT = 1  # the format this release writes, and the newest it reads
 
@@ -42,6 +42,7 @@ class EventKind(enum.Enum):
     STOP = "stop"  # workers were stopped: why, and pids that would not die
     HANG_WATCH = "hang_watch"  # the hang watch started: when its first verdict can come
     HANG = "hang"  # no rank made progress for hang.timeout: the verdict, then the action
+    STRAGGLER = "straggler"  # a rank named a straggler (it arrives last), or no longer one
     PREFLIGHT = "preflight"  # the round's preflight verdict: passed, or the nodes that failed
     FINISH = "finish"  # the run ended: status and exit code
     QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it does not join
@@ -239,6 +240,23 @@ class Hang(_Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Straggler(_Event):
+    """A rank named a straggler (`named`), or cleared: over the last `of` scored collectives of
+    its groups it arrived last at `last`, by a median of `behind` seconds."""
+
+    kind: ClassVar[EventKind] = EventKind.STRAGGLER
+    rank: int
+    named: bool
+    last: int
+    of: int
+    behind: float  # seconds
+    op: str  # the op it was last at most often ("" when never)
+    threshold: float  # the median lateness it was judged against (seconds)
+    action: StragglerAction
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Preflight(_Event):
     kind: ClassVar[EventKind] = EventKind.PREFLIGHT
     passed: bool
@@ -288,6 +306,7 @@ Event: TypeAlias = (
     | Stop
     | HangWatchStarted
     | Hang
+    | Straggler
     | Preflight
     | Finish
     | Quarantined

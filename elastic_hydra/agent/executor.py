@@ -25,11 +25,12 @@ from elastic_hydra.agent.seams import (
     Preflight,
     Rendezvous,
     StopRequest,
+    StragglerWatch,
     WorkerGroup,
     WorkerGroupFactory,
 )
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
-from elastic_hydra.plan import Action, HangAction, LaunchPlan, Standalone, Static
+from elastic_hydra.plan import Action, HangAction, LaunchPlan, Standalone, Static, StragglerAction
 from elastic_hydra.records.failures import FailureRecord, WorkerExit, describe_returncode
 from elastic_hydra.records.hangs import HangRecord
 
@@ -51,6 +52,7 @@ class Executor(CollateralWait, RoundGates):
         stop: StopRequest,
         read_failure: Callable[[WorkerExit], FailureRecord],
         hang: HangWatch | None = None,
+        straggler: StragglerWatch | None = None,
         admission: Admission | None = None,
         preflight: Preflight | None = None,
     ) -> None:
@@ -68,6 +70,9 @@ class Executor(CollateralWait, RoundGates):
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
         self.hang = hang if plan.hang.timeout is not None else None
+        # The score reads what the hang watch's sampler in each worker keeps.
+        scored = plan.hang.timeout is not None and plan.straggler.action is not StragglerAction.OFF
+        self.straggler = straggler if scored else None
         if self.hang is not None:  # look at the workers' progress as often as they sample it
             self.check_every = min(self.check_every or plan.hang.sample, plan.hang.sample)
 
@@ -104,6 +109,8 @@ class Executor(CollateralWait, RoundGates):
             )
             if self.hang is not None:
                 self._watch_hangs(group, node)
+            if self.straggler is not None:
+                self.straggler.start(node, self.state.attempts, len(group.pids))
             ended, reason = self._monitor(group, node)
             self._stop_group(group, ended, reason)
             self.state.attempts += 1
@@ -115,7 +122,7 @@ class Executor(CollateralWait, RoundGates):
                 return self._finish(Status.FAILED, reason)
             if ended is Ended.RENDEZVOUS_LOST:
                 return self._finish(Status.RENDEZVOUS_FAILED, reason)
-            if ended is Ended.HUNG_FAIL:
+            if ended in (Ended.HUNG_FAIL, Ended.STRAGGLER_FAIL):
                 return self._finish(Status.FAILED, reason)
             if ended in (Ended.FAILED, Ended.HUNG) and not self._restart(started, ended):
                 return self._finish(Status.FAILED, self.state.reason)
@@ -157,6 +164,8 @@ class Executor(CollateralWait, RoundGates):
             if not group.running():
                 return Ended.SUCCEEDED, "all workers exited with code 0"
             if (ended := self._check_hang(group)) is not None:
+                return ended
+            if (ended := self._check_stragglers()) is not None:
                 return ended
             if self.check_every is not None and (ended := self._membership()) is not None:
                 return ended
@@ -205,6 +214,28 @@ class Executor(CollateralWait, RoundGates):
                 return Ended.HUNG, hang.verdict
             case HangAction.FAIL:
                 return Ended.HUNG_FAIL, hang.verdict
+        return None
+
+    def _check_stragglers(self) -> tuple[Ended, str] | None:
+        """Say which ranks were named stragglers or cleared; straggler.action=fail ends the job
+        at the first named."""
+        if self.straggler is None:
+            return None
+        action = self.plan.straggler.action
+        for change in self.straggler.check():
+            s = change.score
+            self.observer.emit(
+                events.Straggler(
+                    **self._now(), rank=s.rank, named=change.named, last=s.last, of=s.of,
+                    behind=round(s.behind, 4), op=s.op, threshold=round(change.threshold, 4),
+                    action=action, attempt=self.state.attempts,
+                )
+            )  # fmt: skip
+            if change.named and action is StragglerAction.FAIL:
+                return Ended.STRAGGLER_FAIL, (
+                    f"rank {s.rank} arrives last at {s.last} of the last {s.of} collectives, "
+                    f"median {s.behind * 1000:.0f} ms behind (straggler.action=fail)"
+                )
         return None
 
     def _membership(self, collateral: Sequence[WorkerExit] = ()) -> tuple[Ended, str] | None:

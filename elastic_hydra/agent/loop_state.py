@@ -23,6 +23,7 @@ class Ended(enum.Enum):
     STOPPED = "stopped"
     HUNG = "hung"  # hang.action=restart: a failure under the restart policy
     HUNG_FAIL = "hung_fail"  # hang.action=fail
+    STRAGGLER_FAIL = "straggler_fail"  # straggler.action=fail
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ and `supervise` implement them, the agent wires them, and tests drive the execut
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,6 +16,8 @@ from elastic_hydra.plan import Endpoint
 from elastic_hydra.records.failures import FailureRecord, PeerFailure
 from elastic_hydra.records.hangs import HangRecord
 from elastic_hydra.records.preflight import PreflightVerdict
+from elastic_hydra.records.stragglers import Change as StragglerChange
+from elastic_hydra.records.stragglers import Seen
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,13 +81,20 @@ class Observer(Protocol):
 
 
 class JobShare(Protocol):
-    """The other nodes' side of a hang (a torch rendezvous's store; see hangs.share)."""
+    """The other nodes' side of a hang and of the straggler score (a torch rendezvous's store;
+    see hangs.share, rendezvous.arrivals)."""
 
     def share_progress(self, last: float) -> float:
         """Publish this node's latest progress; the job's latest, every node's counted."""
 
     def share_hang(self, record: HangRecord) -> HangRecord:
         """Publish this node's ranks; the record with every node's ranks and verdict."""
+
+    def share_arrivals(
+        self, seen: Mapping[tuple[str, int], Seen], members: Mapping[str, set[int]]
+    ) -> tuple[dict[tuple[str, int], Seen], dict[str, set[int]]] | None:
+        """Publish this node's collectives (`Seen` by group and sequence number) and its ranks
+        by group; every node's merged, on one clock, or None while that is not known."""
 
 
 class Rendezvous(Protocol):
@@ -187,6 +197,16 @@ class HangWatch(Protocol):
         """When (wall clock) a rank of this attempt last made progress, as of the last look
         (the attempt's start before any); None before the first attempt. The goodput ledger's
         work lost to a failure starts there."""
+
+
+class StragglerWatch(Protocol):
+    """Scores the ranks' arrivals at the job's collectives (straggler.*)."""
+
+    def start(self, node: NodeAssignment, attempt: int, count: int) -> None:
+        """Score a new attempt's `count` workers on this node."""
+
+    def check(self) -> list[StragglerChange]:
+        """The ranks named stragglers, or cleared, since the last check."""
 
 
 class WorkerGroupFactory(Protocol):

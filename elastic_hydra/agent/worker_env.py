@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from elastic_hydra.agent.inherit import inherited_env
 from elastic_hydra.agent.seams import NodeAssignment
-from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.plan import LaunchPlan, StragglerAction
 
 RUN_DIR = "ELASTIC_HYDRA_RUN_DIR"
 ATTEMPT = "ELASTIC_HYDRA_ATTEMPT"
@@ -32,6 +32,8 @@ PROGRESS_FILE = "ELASTIC_HYDRA_PROGRESS_FILE"
 PROGRESS_EVERY = "ELASTIC_HYDRA_PROGRESS_EVERY"
 # Where the bootstrap writes its collectives when the agent asks (a hang).
 COLLECTIVES_FILE = "ELASTIC_HYDRA_COLLECTIVES_FILE"
+# Where the bootstrap keeps the times it arrived at its recent collectives (the straggler score).
+ARRIVALS_FILE = "ELASTIC_HYDRA_ARRIVALS_FILE"
 # A real-time signal: no library uses it (SIGUSR1/2 are taken by Lightning, submitit...).
 DUMP_SIGNAL = int(signal.SIGRTMIN) + 4
 
@@ -50,6 +52,7 @@ class WorkerFiles:
     stacks_file: str = ""
     progress_file: str = ""
     collectives_file: str = ""
+    arrivals_file: str = ""
     launch_time: float | None = None  # when this node's launch started (time.time())
 
 
@@ -112,4 +115,6 @@ def worker_env(
         env.update({PROGRESS_FILE: files.progress_file, PROGRESS_EVERY: f"{plan.hang.sample:g}"})
         if files.collectives_file:
             env[COLLECTIVES_FILE] = files.collectives_file
+        if files.arrivals_file and plan.straggler.action is not StragglerAction.OFF:
+            env[ARRIVALS_FILE] = files.arrivals_file
     return env

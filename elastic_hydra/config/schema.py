@@ -133,6 +133,21 @@ class HangConf:
 
 
 @dataclass
+class StragglerConf:
+    action: str = key(
+        "report",
+        "a rank that arrives last at most of the job's recent collectives: report (a console"
+        " line, an event, top's column and a metric), fail (end the job, exit 1) or off",
+    )
+    window: int = key(50, "the collectives each rank's straggler score counts (the last ones)")
+    behind: float = key(
+        0.01,
+        "seconds a rank must arrive after the others, at the median, to be named (and a tenth"
+        " of the job's median interval between collectives)",
+    )
+
+
+@dataclass
 class MetricsConf:
     port: int | None = key(
         None,
@@ -242,6 +257,7 @@ class ElasticHydraConf:
     restart: RestartConf = group(RestartConf, "the restart policy")
     logs: LogsConf = group(LogsConf, "console and log files")
     hang: HangConf = group(HangConf, "when a job that makes no progress counts as hung")
+    straggler: StragglerConf = group(StragglerConf, "the rank that arrives last, named")
     metrics: MetricsConf = group(MetricsConf, "Prometheus metrics of each agent")
     quarantine: QuarantineConf = group(QuarantineConf, "bad hosts and GPUs kept out of later jobs")
     timeouts: TimeoutsConf = group(TimeoutsConf, "the timeouts of the workers' own layers")

@@ -23,8 +23,10 @@ from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.observe.publish import PERIOD, Publisher, Sink
 from elastic_hydra.observe.status import Tracker
 from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan, PreflightMode, Standalone, Static
+from elastic_hydra.records.stragglers import Score
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
+from elastic_hydra.stragglers.watch import LocalStragglerWatch
 
 if TYPE_CHECKING:  # prometheus_client loads only for a job that asks for metrics
     from elastic_hydra.observe.metrics import Metrics
@@ -65,8 +67,20 @@ def progress_how(watch: LocalHangWatch) -> Mapping[int, str]:
     return {lr: p.how for lr, p in list(watch.ranks.items())}
 
 
+def stragglers_of(watch: LocalStragglerWatch) -> Mapping[int, tuple[Score, bool]]:
+    """Each local rank's straggler score, and whether it is named, as the watch last scored."""
+    named = watch.tracker.named
+    return {lr: (s, s.rank in named) for lr, s in watch.scores().items()}
+
+
 def start(
-    plan: LaunchPlan, run: RunDir, host: str, watch: LocalHangWatch, timeline: Observer
+    plan: LaunchPlan,
+    run: RunDir,
+    host: str,
+    watch: LocalHangWatch,
+    timeline: Observer,
+    *,
+    stragglers: LocalStragglerWatch | None = None,
 ) -> Observers:
     """The publisher of this node's status and its metrics, started (close them at the end).
 
@@ -85,6 +99,7 @@ def start(
     publisher = Publisher(
         tracker, path=run.status, progress=lambda: progress_of(watch),
         how=lambda: progress_how(watch), sinks=sinks,
+        stragglers=(lambda: stragglers_of(stragglers)) if stragglers else dict,
     )  # fmt: skip
     metrics = None
     if plan.metrics.enabled:

@@ -39,6 +39,7 @@ from elastic_hydra.report.failure_files import read_failure
 from elastic_hydra.report.summary import node_ledger, summarize
 from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_kept
 from elastic_hydra.stopsignals import StopFlag, handle_signals
+from elastic_hydra.stragglers.watch import LocalStragglerWatch
 from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment, become_subreaper
 from elastic_hydra.workers.guard import GroupGuard
@@ -254,7 +255,8 @@ def _execute(
     """The agent loop on this node's seams, to the outcome of this node's workers; the observer
     that saw it (the timeline and the status publisher, which the caller closes)."""
     hang = LocalHangWatch(plan, run_dir, _host(), job=rdzv.job_share())
-    observer = observing.start(plan, run_dir, _host(), hang, events)
+    straggler = LocalStragglerWatch(plan, run_dir, job=rdzv.job_share())
+    observer = observing.start(plan, run_dir, _host(), hang, events, stragglers=straggler)
     try:
         outcome = Executor(
             plan,
@@ -264,6 +266,7 @@ def _execute(
             observer=observer,
             stop=flag,
             hang=hang,
+            straggler=straggler,
             read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
             admission=quarantine_gate(plan, os.environ),
             preflight=_battery(plan, run_dir, rdzv, factory, flag),

@@ -132,6 +132,7 @@ class LocalWorkerFactory:
             stacks_file=str(self.run.stacks_file(attempt, local_rank)),
             progress_file=str(self.run.progress_file(attempt, local_rank)),
             collectives_file=str(self.run.collectives_file(attempt, local_rank)),
+            arrivals_file=str(self.run.arrivals_file(attempt, local_rank)),
             launch_time=self.launch_time,
         )
         rank = node.base_rank + local_rank

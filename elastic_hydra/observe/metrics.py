@@ -7,6 +7,9 @@ the node's name, ranks, states and causes: never a value of the job's config or 
     elastic_hydra_worker_state{node,rank,local_rank,state}   1 for the worker's state, else 0
     elastic_hydra_worker_last_progress_age_seconds{node,rank}
     elastic_hydra_worker_cpu_percent{node,rank}, elastic_hydra_worker_rss_bytes{node,rank}
+    elastic_hydra_worker_last_arrival_share{node,rank}        the straggler score: the share of
+    elastic_hydra_worker_behind_seconds{node,rank}            the last collectives it arrived
+    elastic_hydra_worker_straggler{node,rank}                 last at, how late; 1 while named
     elastic_hydra_phase{node,phase}                            1 for the node's phase, else 0
     elastic_hydra_attempt{node}
     elastic_hydra_restarts_total{node,cause}                   cause: failure, hang
@@ -76,6 +79,9 @@ def _workers(record: NodeStatus) -> Iterator[Metric]:
         "age": ("worker_last_progress_age_seconds", "seconds since its last progress"),
         "cpu": ("worker_cpu_percent", "CPU, percent of one core"),
         "rss": ("worker_rss_bytes", "resident memory"),
+        "last": ("worker_last_arrival_share", "share of the last collectives it arrived last at"),
+        "behind": ("worker_behind_seconds", "median lateness where it arrived last"),
+        "straggler": ("worker_straggler", "1 while it is named a straggler"),
     }
     per_rank = {
         k: GaugeMetricFamily(f"{PREFIX}{name}", text, labels=["node", "rank"])
@@ -84,8 +90,10 @@ def _workers(record: NodeStatus) -> Iterator[Metric]:
     for w in record.workers:
         for s in WorkerState:
             state.add_metric([node, str(w.rank), str(w.local_rank), s.value], float(w.state is s))
+        straggler = None if w.last_at is None else float(w.straggler)
         for key, value in (("age", w.progress_age), ("cpu", w.cpu_percent),
-                           ("rss", w.rss_bytes)):  # fmt: skip
+                           ("rss", w.rss_bytes), ("last", w.last_at), ("behind", w.behind),
+                           ("straggler", straggler)):  # fmt: skip
             if value is not None:
                 per_rank[key].add_metric([node, str(w.rank)], float(value))
     yield state

@@ -20,6 +20,7 @@ from pathlib import Path
 from elastic_hydra.agent.events import Event
 from elastic_hydra.observe.sample import Sampler
 from elastic_hydra.observe.status import Counts, NodeStatus, Tracker, encode
+from elastic_hydra.records.stragglers import Score
 from elastic_hydra.rundir import write_private
 
 PERIOD = 2.0  # seconds between records
@@ -38,13 +39,14 @@ class Publisher:
         path: Path,
         progress: Callable[[], Mapping[int, float]] = dict,
         how: Callable[[], Mapping[int, str]] = dict,
+        stragglers: Callable[[], Mapping[int, tuple[Score, bool]]] = dict,
         sampler: Sampler | None = None,
         sinks: Sequence[Sink] = (),
         after: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.tracker = tracker
         self.path = path
-        self.progress, self.how = progress, how
+        self.progress, self.how, self.stragglers = progress, how, stragglers
         self.sampler = sampler or Sampler()
         self.sinks = list(sinks)
         self.after = list(after)  # run after each record (the metrics' textfile)
@@ -66,8 +68,9 @@ class Publisher:
             samples = self.sampler.sample(self.tracker.live_pids())
             progress, how = self.progress(), self.how()
             record = self.tracker.record(
-                now=time.time(), samples=samples, progress=progress, how=how
-            )
+                now=time.time(), samples=samples, progress=progress, how=how,
+                stragglers=self.stragglers(),
+            )  # fmt: skip
             return record, copy.deepcopy(self.tracker.counts)
 
     def publish(self) -> None:

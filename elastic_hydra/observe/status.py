@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from elastic_hydra.agent import events
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.jsonrecord import JsonRecord
+from elastic_hydra.records.stragglers import Score
 
 FORMAT = 1
 MAX_BYTES = 64 << 10  # a record of 256 workers is about 40 KiB
@@ -65,6 +66,11 @@ class WorkerStatus(JsonRecord):
     # What that progress was (hang watch): `collective #N`, `output`, `python`, `progress()`,
     # `cpu` or `started`; None: unknown.
     progress_via: str | None = None
+    # The straggler score (straggler.*): the share of the last collectives it arrived last at,
+    # its median lateness then (seconds), and whether it is named a straggler; None: no score.
+    last_at: float | None = None
+    behind: float | None = None
+    straggler: bool = False
     cpu_percent: float | None = None  # of one core, since the previous sample
     rss_bytes: int | None = None
     gpu_util: float | None = None  # percent, of the GPUs it uses (NVML)
@@ -146,6 +152,7 @@ def _check_ranges(record: NodeStatus) -> None:
             for name, value in (
                 ("rank", w.rank), ("local_rank", w.local_rank), ("pid", w.pid),
                 ("progress_age", w.progress_age), ("cpu_percent", w.cpu_percent),
+                ("last_at", w.last_at), ("behind", w.behind),
                 ("rss_bytes", w.rss_bytes), ("gpu_util", w.gpu_util),
                 ("gpu_mem_bytes", w.gpu_mem_bytes),
             )
@@ -284,9 +291,11 @@ class Tracker:
         samples: Mapping[int, Sample],
         progress: Mapping[int, float],
         how: Mapping[int, str] | None = None,
+        stragglers: Mapping[int, tuple[Score, bool]] | None = None,
     ) -> NodeStatus:
         """The record as of `now`: `samples` by pid, `progress` (the wall time of each local
-        rank's last progress) and `how` (what it was) from the hang watch."""
+        rank's last progress) and `how` (what it was) from the hang watch, `stragglers` (each
+        local rank's score, and whether it is named) from the straggler watch."""
         workers = []
         for w in self.workers:
             age, via = None, None
@@ -299,9 +308,13 @@ class Tracker:
             if state is WorkerState.HUNG and age is not None and timeout and age < timeout:
                 state = WorkerState.RUNNING  # progress again after a reported hang
             s = samples.get(w.pid, Sample()) if w.pid is not None else Sample()
+            score, named = (stragglers or {}).get(w.local_rank, (None, False))
             workers.append(
                 replace(
-                    w, state=state, progress_age=age, progress_via=via, cpu_percent=s.cpu_percent,
+                    w, state=state, progress_age=age, progress_via=via,
+                    last_at=round(score.share, 3) if score and live else None,
+                    behind=round(score.behind, 4) if score and live else None,
+                    straggler=named and live, cpu_percent=s.cpu_percent,
                     rss_bytes=s.rss_bytes, gpu_util=s.gpu_util, gpu_mem_bytes=s.gpu_mem_bytes,
                 )
             )  # fmt: skip

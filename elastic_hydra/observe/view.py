@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from elastic_hydra.observe.snapshot import Snapshot
-from elastic_hydra.observe.status import WorkerState
+from elastic_hydra.observe.status import WorkerState, WorkerStatus
 
 _STYLE = {
     WorkerState.RUNNING: "green", WorkerState.STARTING: "cyan", WorkerState.DONE: "dim",
@@ -33,9 +33,9 @@ def table(snap: Snapshot) -> Group:
     if snap.ignored:
         head.append(f"   ({snap.ignored} record(s) ignored)", style="yellow")
     grid = Table(box=None, pad_edge=False, header_style="bold")
-    left = ("node", "state", "last progress", "phase")
-    for name in ("node", "rank", "local", "pid", "state", "idle", "last progress", "cpu", "rss",
-                 "gpu", "gpu mem", "attempt", "restarts", "phase"):  # fmt: skip
+    left = ("node", "state", "last progress", "last at", "phase")
+    for name in ("node", "rank", "local", "pid", "state", "idle", "last progress", "last at",
+                 "cpu", "rss", "gpu", "gpu mem", "attempt", "restarts", "phase"):  # fmt: skip
         grid.add_column(name, justify="left" if name in left else "right")
     for view in snap.nodes:
         r = view.record
@@ -47,13 +47,23 @@ def table(snap: Snapshot) -> Group:
             grid.add_row(
                 node, str(w.rank), str(w.local_rank), str(w.pid or "-"),
                 Text(w.state.value, style="dim" if view.stale else _STYLE[w.state]),
-                _num(w.progress_age, "s"), w.progress_via or "-", _num(w.cpu_percent, "%"),
+                _num(w.progress_age, "s"), w.progress_via or "-", _last_at(w),
+                _num(w.cpu_percent, "%"),
                 _num(w.rss_bytes, "M", 1 << 20), _num(w.gpu_util, "%"),
                 _num(w.gpu_mem_bytes, "M", 1 << 20), str(r.attempt), str(r.restarts), node_phase,
             )  # fmt: skip
         if not r.workers:
-            grid.add_row(node, *["-"] * 10, str(r.attempt), str(r.restarts), node_phase)
+            grid.add_row(node, *["-"] * 11, str(r.attempt), str(r.restarts), node_phase)
     return Group(head, grid)
+
+
+def _last_at(w: WorkerStatus) -> Text:
+    """The straggler score: the share of the last collectives the rank arrived last at and its
+    median lateness then; red once it is named a straggler."""
+    if w.last_at is None:
+        return Text("-")
+    text = f"{w.last_at:.0%}" + (f" +{w.behind * 1000:.0f}ms" if w.behind else "")
+    return Text(text, style="bold red" if w.straggler else "")
 
 
 def show(snap: Snapshot, console: Console | None = None) -> None:

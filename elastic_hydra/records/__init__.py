@@ -7,6 +7,8 @@ report, in memory, in summary.json and in the rendezvous store).
   rule, and what the store tells of a torchrun peer (`PeerFailure`).
 - `hangs`: where each rank of a hung job was (`HangRank`, `GroupState`) and the verdict
   (`HangRecord`).
+- `stragglers`: a rank's arrival at a collective (`Arrival`), a collective as some ranks
+  arrived at it (`Seen`), a rank's straggler score (`Score`) and its naming (`Change`).
 - `goodput`: the goodput ledger (`Ledger`): where wall time and GPU-seconds went, the work each
   failure lost.
 - `preflight`: the preflight battery's verdict (`PreflightVerdict`): its findings, the nodes and

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from elastic_hydra.agent.events import ChangeKind, ExitBarrier
@@ -31,7 +31,9 @@ from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan
 from elastic_hydra.records.failures import FailureRecord
 from elastic_hydra.records.hangs import HangRecord
+from elastic_hydra.records.stragglers import Seen
 from elastic_hydra.rendezvous import sealed_records, store_keys
+from elastic_hydra.rendezvous.arrivals import ArrivalShare, Key
 from elastic_hydra.rendezvous.join_wait import JoinWait
 from elastic_hydra.rendezvous.membership import Membership
 from elastic_hydra.rendezvous.torch_handler import (
@@ -76,6 +78,7 @@ class TorchRendezvous(Membership, JoinWait):
         self._worker_store: Store | None = None  # node 0 after a membership change: see _master
         self._round = -1
         self._hangs = 0  # hangs this agent shared (the key of the next one's ranks)
+        self._arrivals: ArrivalShare | None = None  # this round's straggler share
         self._seen: set[str] = set()  # every node of every round this agent took part in
         # The round's torchrun agents (no facts published): torch's node -> (node rank, ranks)
         self._torchrun: dict[object, tuple[int, str]] = {}
@@ -127,6 +130,22 @@ class TorchRendezvous(Membership, JoinWait):
             record=record,
             stopped=lambda: self.interrupt.signum is not None,
         )
+
+    def share_arrivals(
+        self, seen: Mapping[Key, Seen], members: Mapping[str, set[int]]
+    ) -> tuple[dict[Key, Seen], dict[str, set[int]]] | None:
+        """seams.JobShare: every node's collectives on node 0's clock (see `arrivals`)."""
+        if self.job_store is None or self.node is None:
+            return dict(seen), dict(members)
+        if self._arrivals is None or self._arrivals.round != self._round:
+            if self._arrivals is not None:
+                self._arrivals.closed = True
+            self._arrivals = ArrivalShare(
+                self.job_store, run_id=self.plan.torch_run_id, round=self._round,
+                node=self.node.group_rank, nodes=self.node.group_world_size,
+                stopped=lambda: self.interrupt.signum is not None,
+            )  # fmt: skip
+        return self._arrivals.share(seen, members)
 
     def end(self, status: Status, observer: Observer) -> JobFailures:
         if status is Status.SUCCEEDED:

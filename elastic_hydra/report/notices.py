@@ -19,9 +19,17 @@ from elastic_hydra.agent.events import (
     RendezvousRound,
     Restart,
     Stopping,
+    Straggler,
     WarmFallback,
 )
-from elastic_hydra.plan import LEARN_FLOOR, LEARN_GAPS, LEARN_MULTIPLE, LEARNED, HangAction
+from elastic_hydra.plan import (
+    LEARN_FLOOR,
+    LEARN_GAPS,
+    LEARN_MULTIPLE,
+    LEARNED,
+    HangAction,
+    StragglerAction,
+)
 from elastic_hydra.records.summary import RunSummary
 from elastic_hydra.rundir import RunDir
 
@@ -44,6 +52,10 @@ def succeeded(summary: RunSummary) -> None:
         )
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
 def progress(event: Event, *, multi_node: bool) -> None:
     """One line for each restart, and for the steps of a multi-node job that otherwise look like
     a hang (joining, the round, nodes joining or leaving)."""
@@ -60,6 +72,21 @@ def progress(event: Event, *, multi_node: bool) -> None:
                 f"elastic-hydra: {event.verdict}. Every rank's stacks: "
                 f"{RunDir.stacks_shown(event.attempt, '*')}; "
                 f"{then.get(event.action, 'stopping the job')} (hang.action={event.action})"
+            )
+        case Straggler(named=True):
+            stops = (
+                "stopping the job" if event.action == StragglerAction.FAIL else "nothing stopped"
+            )
+            op = f" ({event.op})" if event.op else ""
+            say(
+                f"elastic-hydra: straggler: rank {event.rank} arrives last at {event.last} of the"
+                f" last {event.of} collectives{op}, median {_ms(event.behind)} behind;"
+                f" {stops} (straggler.action={event.action})"
+            )
+        case Straggler():
+            say(
+                f"elastic-hydra: straggler: rank {event.rank} no longer arrives last (at"
+                f" {event.last} of the last {event.of}, median {_ms(event.behind)} behind)"
             )
         case HangWatchStarted() if _set_by_user(event):
             timeout = "auto" if event.learned else f"{event.timeout:g}"

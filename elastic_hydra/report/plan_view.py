@@ -17,9 +17,14 @@ from rich.text import Text
 from elastic_hydra.durations import show_duration
 from elastic_hydra.gpus import format_cpus
 from elastic_hydra.plan import (
+    CLEAR_SHARE,
     LEARN_FLOOR,
     LEARN_GAPS,
     LEARN_MULTIPLE,
+    MIN_SCORED,
+    NAME_SHARE,
+    QUICK_SHARE,
+    RELATIVE,
     Dynamic,
     DynamicBackend,
     HangAction,
@@ -28,6 +33,7 @@ from elastic_hydra.plan import (
     RestartSpec,
     Standalone,
     Static,
+    StragglerAction,
 )
 from elastic_hydra.redact import redact_env
 from elastic_hydra.report.render import console, show
@@ -51,6 +57,7 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
         "restart": describe_restart(plan.restart),
         "stop grace": f"{plan.stop_grace:g} s (SIGTERM, then SIGKILL)",
         "hangs": describe_hang(plan),
+        "stragglers": describe_straggler(plan),
         "command": shlex.join(plan.argv),
         "extra env": "\n".join(f"{k}={v}" for k, v in redact_env(plan.env)) or "(none)",
     }
@@ -179,6 +186,23 @@ def describe_hang(plan: LaunchPlan) -> str:
         f"first verdict {h.first_verdict:g} s after an attempt starts at the earliest (the "
         f"longer of hang.timeout={h.timeout:g} and hang.warmup={h.warmup:g})\n"
         f"a hang: no progress on any rank for {h.timeout:g} s (hang.timeout)\n{then}"
+    )
+
+
+def describe_straggler(plan: LaunchPlan) -> str:
+    """Which rank is named a straggler, and what follows."""
+    s = plan.straggler
+    if s.action is StragglerAction.OFF:
+        return "not scored (straggler.action=off)"
+    if plan.hang.timeout is None:
+        return "not scored: the score reads the hang watch's samples (hang.timeout=null)"
+    then = "end the job, exit 1" if s.action is StragglerAction.FAIL else "nothing is stopped"
+    return (
+        f"a rank that arrives last at {NAME_SHARE:.0%} or more of its last {s.window} collectives"
+        f" (straggler.window) or {QUICK_SHARE:.0%} of the last {MIN_SCORED}, a median of at least"
+        f" {s.behind * 1000:g} ms and {RELATIVE:.0%} of the job's interval between collectives"
+        f" behind (straggler.behind), is named; cleared under {CLEAR_SHARE:.0%} of the last"
+        f" {MIN_SCORED}; then {s.action} (straggler.action): {then}"
     )
 
 

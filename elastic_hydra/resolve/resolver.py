@@ -41,6 +41,7 @@ from elastic_hydra.resolve.runtime import (
     resolve_metrics,
     resolve_restart,
     resolve_role,
+    resolve_straggler,
     seconds,
 )
 from elastic_hydra.resolve.timeouts import check as check_timeouts
@@ -122,6 +123,7 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         local_addr=conf.local_addr or None,
         restart=resolve_restart(conf.restart),
         hang=resolve_hang(conf.hang),
+        straggler=resolve_straggler(conf.straggler),
         metrics=resolve_metrics(conf.metrics),
         logs=resolve_logs(conf.logs, nproc, several_nodes=topology.nnodes.max > 1),
         stop_grace=seconds("stop_grace", conf.stop_grace, allow_zero=True),

@@ -12,7 +12,7 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from elastic_hydra.config.schema import HangConf, LogsConf, MetricsConf, RestartConf
+from elastic_hydra.config.schema import HangConf, LogsConf, MetricsConf, RestartConf, StragglerConf
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import (
     DEFAULT_PREFIX,
@@ -26,6 +26,8 @@ from elastic_hydra.plan import (
     MetricsSpec,
     RestartSpec,
     RestartWindow,
+    StragglerAction,
+    StragglerSpec,
 )
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -225,6 +227,22 @@ def resolve_hang(h: HangConf) -> HangSpec:
         warmup=seconds("hang.warmup", h.warmup, True),
         action=action,
         grace=seconds("hang.grace", h.grace, True),
+    )
+
+
+def resolve_straggler(s: StragglerConf) -> StragglerSpec:
+    try:
+        action = StragglerAction(str(s.action).strip().lower())
+    except ValueError:
+        raise ConfigError(
+            "straggler.action", "not a straggler action", s.action, "expected report, fail or off"
+        ) from None
+    if isinstance(s.window, bool) or not 2 <= s.window <= 1000:
+        raise ConfigError(
+            "straggler.window", "out of range", s.window, "expected 2 to 1000 collectives"
+        )
+    return StragglerSpec(
+        action=action, window=s.window, behind=seconds("straggler.behind", s.behind, True)
     )
 
 

@@ -19,6 +19,9 @@
 - `bootstrap`: runs inside the worker's interpreter (the standard library only): the user's
   script as `__main__`, its uncaught exception recorded, faulthandler, progress for the hang
   watch. Its frames are hidden from every traceback we show.
+- `recorder`: loaded by the bootstrap by path (the standard library only): the worker's
+  collectives from torch.distributed (issued counts, the state after a hang with torch's Flight
+  Recorder dump, the arrival times the straggler score reads).
 
 Imports: agent (the seams it implements) and the root.
 """

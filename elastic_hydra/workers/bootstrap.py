@@ -56,6 +56,7 @@ STACKS_SIGNAL_ENV = "ELASTIC_HYDRA_STACKS_SIGNAL"
 PROGRESS_FILE_ENV = "ELASTIC_HYDRA_PROGRESS_FILE"
 PROGRESS_EVERY_ENV = "ELASTIC_HYDRA_PROGRESS_EVERY"
 COLLECTIVES_FILE_ENV = "ELASTIC_HYDRA_COLLECTIVES_FILE"
+ARRIVALS_FILE_ENV = "ELASTIC_HYDRA_ARRIVALS_FILE"
 LAUNCH_TIME_ENV = "ELASTIC_HYDRA_LAUNCH_TIME"
 _stacks: object = None  # the stacks file: faulthandler writes to it for the worker's lifetime
 
@@ -132,6 +133,7 @@ def _watch_self() -> None:
     progress = os.environ.get(PROGRESS_FILE_ENV)  # kept: `elastic_hydra.progress()` writes to it
     every = os.environ.pop(PROGRESS_EVERY_ENV, None)
     collectives = os.environ.pop(COLLECTIVES_FILE_ENV, None)
+    arrivals = os.environ.pop(ARRIVALS_FILE_ENV, None)
     if stacks and signum:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
         _stacks = os.fdopen(os.open(stacks, flags, 0o600), "w")
@@ -144,7 +146,7 @@ def _watch_self() -> None:
         stop, done = _thread.allocate_lock(), _thread.allocate_lock()
         stop.acquire()
         done.acquire()
-        args = (fd, float(every), main, (stop, done), collectives)
+        args = (fd, float(every), main, (stop, done), (collectives, arrivals))
         _thread.start_new_thread(_note_progress, args)
 
         def end_watch() -> None:
@@ -166,11 +168,14 @@ _LINE = 21  # bytes of one line of the progress file: "%-20.3f\n"
 # called `elastic_hydra.progress()`.
 STACK_MOVED, RAN, USER_RAN, COLLECTIVES, SCRIPT_SAID = range(5)
 _STDLIB = os.path.dirname(os.__file__) + os.sep
-_MAX_GROUPS = 64  # process groups counted at one look
 
 
 def _note_progress(
-    fd: int, every: float, main: int, locks: tuple[Any, Any], collectives: str | None
+    fd: int,
+    every: float,
+    main: int,
+    locks: tuple[Any, Any],
+    files: tuple[str | None, str | None],
 ) -> None:
     """At each look: the time the main thread's stack last changed, the last look that found
     the main thread had run Python code (anywhere, and in the user's own frame), and the count of
@@ -181,11 +186,15 @@ def _note_progress(
     look finds it in the same call, which a loop's `sleep` or a GPU loop's `.item()` makes likely.
     Such a loop still comes back to its own frame between two calls: the probe asked while the
     main thread was in a call made from the user's frame, and answered, tells that it did.
-    When the agent asks (`collectives` + ".request" exists), it writes `_collective_state()`.
+    When the agent asks (`files[0]` + ".request" exists), it writes the collectives' state;
+    with `files[1]`, it keeps the rank's arrival times at its collectives there.
     """
     stop, done = locks
+    collectives, arrivals = files
     try:
         last, probe, asked_in_user, count = None, _Probe.make(), False, None
+        recorder = _recorder()
+        arrived = recorder.Arrivals(arrivals) if arrivals else None
         if probe is not None:
             os.pwrite(fd, b"%-20.3f\n%-20.3f\n%-20.3f\n" % (time.time(), 0.0, 0.0), 0)
         while True:
@@ -210,17 +219,35 @@ def _note_progress(
                     asked_in_user = in_user  # asked again at this look
                 elif not was_asked:
                     asked_in_user = in_user
-            if (issued := _collectives()) is not None and issued != count:
+            if (issued := recorder.collectives()) is not None and issued != count:
                 count = issued
                 os.pwrite(fd, b"%-20d\n" % issued, COLLECTIVES * _LINE)
+                if arrived is not None:
+                    arrived.look(now)
             if collectives and os.path.exists(collectives + ".request"):
-                _write_collectives(collectives)
+                recorder.write_collectives(collectives)
             if stop.acquire(timeout=every):  # released: the worker is exiting
                 return
     except BaseException:  # never the worker's problem
         return
     finally:
         done.release()
+
+
+_RECORDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorder.py")
+
+
+def _recorder() -> types.ModuleType:
+    """`recorder.py` beside this file, loaded by path as this file is run (the worker's
+    `sys.path` is the script's), once."""
+    module = sys.modules.get("_elastic_hydra_recorder")
+    if module is None:
+        loader = importlib.machinery.SourceFileLoader("_elastic_hydra_recorder", _RECORDER)
+        module = types.ModuleType(loader.name)
+        module.__file__ = _RECORDER
+        loader.exec_module(module)
+        sys.modules[loader.name] = module
+    return module
 
 
 def _is_user(filename: str) -> bool:
@@ -232,116 +259,6 @@ def _is_user(filename: str) -> bool:
         or "/dist-packages/" in filename
         or filename in _OWN_FILES
     )
-
-
-def _collectives() -> int | None:
-    """The collectives this process's groups have issued, by torch's sequence numbers; None
-    before torch.distributed is imported and has a group. Read without importing anything."""
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    if c10d is None:
-        return None
-    try:
-        groups = list(c10d._world.pg_map)[:_MAX_GROUPS]
-        if not groups:
-            return None
-        return sum(int(pg._get_sequence_number_for_group()) for pg in groups)
-    except Exception:  # torch changed, a group torn down meanwhile: no count this time
-        return None
-
-
-_FR_FILE = "flight_recorder_rank_"  # + the rank: torch's own dump, as torchfrtrace reads it
-
-
-def _write_collectives(path: str) -> None:
-    """`_collective_state()` as JSON in `path` and, where the flight recorder has entries, its
-    own dump (a pickle) beside it for torchfrtrace; each file written whole; the request gone."""
-    import json
-
-    state, dump = _collective_state()
-    if dump:
-        name = os.path.join(os.path.dirname(path), _FR_FILE + os.environ.get("RANK", "0"))
-        _write_whole(name, dump)
-    _write_whole(path, json.dumps(state, default=repr).encode())
-    try:  # noqa: SIM105 (contextlib is one more import in every worker's start)
-        os.unlink(path + ".request")
-    except OSError:
-        pass
-
-
-def _collective_state() -> tuple[dict[str, Any], bytes]:
-    """This process's collectives, per process group: the last issued (torch's sequence number)
-    and, from the flight recorder, the last completed, the op and its sizes; and the recorder's
-    own dump (b"" without one). `missing` says what is not known and why."""
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    if c10d is None:
-        return {"missing": "torch.distributed is not imported"}, b""
-    try:
-        world = c10d._world
-        groups = {
-            str(world.pg_names.get(pg, "?")): {"issued": int(pg._get_sequence_number_for_group())}
-            for pg in list(world.pg_map)[:_MAX_GROUPS]
-        }
-    except Exception as exc:
-        return {"missing": f"torch.distributed's groups cannot be read ({exc!r:.80})"}, b""
-    if not groups:
-        return {"missing": "torch.distributed has no process group"}, b""
-    import json
-
-    try:
-        recorder = sys.modules["torch._C._distributed_c10d"]
-        dump = recorder._dump_fr_trace(True, False, False)  # no C++ stacks: seconds
-        fr = json.loads(recorder._dump_fr_trace_json(True, False))
-    except Exception as exc:
-        return {"groups": groups, "missing": f"the flight recorder cannot dump ({exc!r:.80})"}, b""
-    entries = fr.get("entries") or []
-    for entry in entries:
-        group = groups.get(str((entry.get("process_group") or ["?"])[0]))
-        if group is not None and not entry.get("is_p2p"):
-            group.update(
-                seq=entry.get("collective_seq_id"), op=entry.get("profiling_name"),
-                sizes=entry.get("input_sizes"), done=entry.get("retired"),
-            )  # fmt: skip
-    for pg_id, status in (fr.get("pg_status") or {}).items():
-        group = groups.get(str(pg_id))
-        if group is not None:
-            group["completed"] = status.get("last_completed_collective")
-    on = bool(entries or fr.get("pg_config"))  # an empty config: the recorder is off
-    if on:
-        dump = _for_torchfrtrace(dump, world)
-    missing = "" if on else "the flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"
-    return {"groups": groups, "missing": missing}, dump if on else b""
-
-
-def _for_torchfrtrace(dump: bytes, world: Any) -> bytes:
-    """torch's own dump (a pickle torch made in this process), as torchfrtrace reads it: with
-    `entries` even before the first collective, and each group's members in `pg_config`, which
-    gloo's recorder leaves empty."""
-    import io
-    import pickle
-
-    class _PlainData(pickle.Unpickler):  # torch's dump is plain data: no class is admitted
-        def find_class(self, module: str, name: str) -> Any:
-            raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
-
-    try:
-        data = _PlainData(io.BytesIO(dump)).load()
-    except Exception:  # not the plain data it was: torch's own dump, as it is
-        return dump
-    data.setdefault("entries", [])
-    data["pg_config"] = {
-        str(name): {"name": str(name), "desc": str(getattr(pg, "group_desc", "")),
-                    "ranks": str(sorted(world.pg_group_ranks.get(pg, {})))}
-        for pg, name in list(world.pg_names.items())[:_MAX_GROUPS]
-    }  # fmt: skip
-    return pickle.dumps(data)
-
-
-def _write_whole(path: str, data: bytes) -> None:
-    """`data` in `path`, whole or not at all: a reader never sees a half-written file."""
-    part = f"{path}.{os.getpid()}.part"
-    with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(data)
-    os.replace(part, path)
 
 
 class _Probe:
@@ -531,7 +448,7 @@ def _record(exc: BaseException, when: float) -> None:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         ours: dict[str, Any] = {"time": when, "stacks": _chain(exc)}
         if "torch.distributed.distributed_c10d" in sys.modules:  # its last collectives
-            ours["collectives"] = _collective_state()[0]
+            ours["collectives"] = _recorder().collective_state()[0]
         data = {
             "message": {
                 "message": f"{type(exc).__name__}: {_text(exc)}",

@@ -29,6 +29,7 @@ from elastic_hydra.agent.events import (
     Stamp,
     Stop,
     Stopping,
+    Straggler,
     UnknownEventKindError,
     WarmFallback,
     WorkerExited,
@@ -37,7 +38,7 @@ from elastic_hydra.agent.events import (
 )
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.plan import HangAction
+from elastic_hydra.plan import HangAction, StragglerAction
 from elastic_hydra.report import notices
 from elastic_hydra.report.events_file import last_start, read_events
 
@@ -114,6 +115,13 @@ SAMPLES: list[tuple[Event, str]] = [
              attempt=2),
         '{"event": "hang", %s, "verdict": "all ranks wait in all_reduce", "action": "restart", '
         '"idle": 61.5, "attempt": 2}',
+    ),
+    (
+        Straggler(**AT, rank=5, named=True, last=46, of=50, behind=0.18, op="gloo:all_reduce",
+                  threshold=0.02, action=StragglerAction.REPORT, attempt=0),
+        '{"event": "straggler", %s, "rank": 5, "named": true, "last": 46, "of": 50, '
+        '"behind": 0.18, "op": "gloo:all_reduce", "threshold": 0.02, "action": "report", '
+        '"attempt": 0}',
     ),
     (
         Quarantined(**AT, host="node-3", gpus=(5,), evidence="preflight: slow", until=1.8e9,
@@ -292,6 +300,8 @@ def test_progress_lines_read_the_typed_events(capsys: pytest.CaptureFixture[str]
         "report (hang.action)",
         "elastic-hydra: all ranks wait in all_reduce. Every rank's stacks: attempt_2/*/stacks.txt;"
         " stopping them (a failure) (hang.action=restart)",
+        "elastic-hydra: straggler: rank 5 arrives last at 46 of the last 50 collectives"
+        " (gloo:all_reduce), median 180 ms behind; nothing stopped (straggler.action=report)",
         "elastic-hydra: warm starts off (warm.imports), cold starts: cannot import torch: "
         "ModuleNotFoundError",
     ]

@@ -49,7 +49,8 @@ def test_the_contract_names_every_variable_the_launcher_sets() -> None:
     )  # fmt: skip
     files = WorkerFiles(
         run_dir="/r", plan_path="/p", config_path="/c", error_file="/e", fault_file="/f",
-        stacks_file="/s", progress_file="/g", collectives_file="/k", launch_time=1.0,
+        stacks_file="/s", progress_file="/g", collectives_file="/k", arrivals_file="/a",
+        launch_time=1.0,
     )  # fmt: skip
     env = worker_env(plan, {}, node, local_rank=1, attempt=0, restart_count=0, files=files)
     added = set(env) - set(inherited(plan, {}, 1))

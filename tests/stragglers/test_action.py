@@ -1,0 +1,83 @@
+"""What the agent does with a straggler (on fakes): report says so and goes on; fail ends the job
+with the rank named; off, or a job without the hang watch's samples, never asks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from elastic_hydra.agent.events import Straggler
+from elastic_hydra.agent.executor import Executor
+from elastic_hydra.agent.outcome import Status
+from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.plan import HangSpec, StragglerAction, StragglerSpec
+from elastic_hydra.records.stragglers import Change, Score
+from tests.agent.test_executor import ALL_SUCCEED, FakeClock, harness, make_plan
+
+
+class FakeStragglers:
+    """Names rank 1 a straggler `after` seconds into the attempt (on the fake clock)."""
+
+    def __init__(self, clock: FakeClock, after: float) -> None:
+        self.clock, self.after, self.started, self.said, self.checks = clock, after, 0.0, False, 0
+
+    def start(self, node: NodeAssignment, attempt: int, count: int) -> None:
+        self.started = self.clock.now
+
+    def check(self) -> list[Change]:
+        self.checks += 1
+        if self.said or self.clock.now - self.started < self.after:
+            return []
+        self.said = True
+        return [Change(Score(rank=1, last=46, of=50, behind=0.18, op="gloo:all_reduce"),
+                       named=True, threshold=0.02)]  # fmt: skip
+
+
+@pytest.mark.parametrize("action", [StragglerAction.REPORT, StragglerAction.FAIL])
+def test_report_goes_on_and_fail_ends_the_job_naming_the_rank(action: StragglerAction) -> None:
+    plan = dataclasses.replace(
+        make_plan(), hang=HangSpec(timeout=300.0), straggler=StragglerSpec(action=action)
+    )
+    h = harness(ALL_SUCCEED, plan=plan)
+    watch = FakeStragglers(h.clock, 0.0)
+    outcome = Executor(
+        h.plan, rendezvous=h.rdzv, workers=h.factory, clock=h.clock, observer=h.observer,
+        stop=h.stop, read_failure=h.read_failure, straggler=watch,
+    ).run()  # fmt: skip
+    (event,) = h.observer.of(Straggler)
+    assert (event.rank, event.named, event.last, event.of, event.action) == (
+        1,
+        True,
+        46,
+        50,
+        action,
+    )
+    if action is StragglerAction.FAIL:
+        assert (outcome.status, outcome.exit_code) == (Status.FAILED, 1)
+        assert outcome.reason == (
+            "rank 1 arrives last at 46 of the last 50 collectives, median 180 ms behind"
+            " (straggler.action=fail)"
+        )
+    else:
+        assert outcome.status is Status.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("hang", "action"),
+    [
+        (HangSpec(timeout=300.0), StragglerAction.OFF),
+        (HangSpec(timeout=None), StragglerAction.FAIL),
+    ],
+)
+def test_off_or_without_the_hang_watch_the_score_is_never_asked(
+    hang: HangSpec, action: StragglerAction
+) -> None:
+    plan = dataclasses.replace(make_plan(), hang=hang, straggler=StragglerSpec(action=action))
+    h = harness(ALL_SUCCEED, plan=plan)
+    watch = FakeStragglers(h.clock, 0.0)
+    outcome = Executor(
+        h.plan, rendezvous=h.rdzv, workers=h.factory, clock=h.clock, observer=h.observer,
+        stop=h.stop, read_failure=h.read_failure, straggler=watch,
+    ).run()  # fmt: skip
+    assert (outcome.status, watch.checks, h.observer.of(Straggler)) == (Status.SUCCEEDED, 0, [])
