@@ -33,6 +33,14 @@ WORKERS = Path(__file__).resolve().parent / "scripts"
 ELASTIC_HYDRA = [sys.executable, "-m", "elastic_hydra"]
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What this host lacks of what the tests need, one line each (see tests/host_needs.py)."""
+    from tests.host_needs import missing
+
+    lines = missing()
+    return [f"host: MISSING {line}" for line in lines] or ["host: every need of the tests is met"]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Byte-compile the package once, as pip does on install: under PYTHONDONTWRITEBYTECODE=1 each
     launcher the tests start would compile its source again (about 0.05 s per launch)."""
