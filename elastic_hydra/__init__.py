@@ -10,7 +10,7 @@ The folders, from the user down (each `__init__` says what it owns):
     agent/       the loop and its contract: executor, seams, restart policy, worker env, events
     workers/     this node's processes: supervise, spawn, contain, console, bootstrap, /proc
     rendezvous/  how nodes meet and what they share (the only torch user)
-    hangs/       progress watch, verdict, sharing across nodes
+    hangs/       progress watch and verdict, across nodes
     stragglers/  the rank that arrives last at the collectives, named while the job runs
     report/      failure files, summary, rendering, notices
     sweeps/      the pool launcher's engine and its view

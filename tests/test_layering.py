@@ -46,7 +46,7 @@ FOLDERS: dict[str, set[str]] = {
                "warm"},
     "agent": set(),
     "workers": {"agent"},
-    "rendezvous": {"hangs", "agent"},
+    "rendezvous": {"agent"},
     "hangs": {"agent", "workers"},  # the /proc reader of the watch (workers.procfs)
     "report": {"hangs", "agent", "resolve"},
     "sweeps": {"report", "resolve"},

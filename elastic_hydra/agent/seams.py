@@ -6,7 +6,7 @@ and `supervise` implement them, the agent wires them, and tests drive the execut
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,7 +14,7 @@ from elastic_hydra.agent.events import ChangeKind, Event
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.plan import Endpoint
 from elastic_hydra.records.failures import FailureRecord, PeerFailure
-from elastic_hydra.records.hangs import HangRecord
+from elastic_hydra.records.hangs import HangRank, HangRecord
 from elastic_hydra.records.preflight import PreflightVerdict
 from elastic_hydra.records.stragglers import Change as StragglerChange
 from elastic_hydra.records.stragglers import Seen
@@ -82,13 +82,13 @@ class Observer(Protocol):
 
 class JobShare(Protocol):
     """The other nodes' side of a hang and of the straggler score (a torch rendezvous's store;
-    see hangs.share, rendezvous.arrivals)."""
+    see rendezvous.hang_share, rendezvous.arrivals)."""
 
     def share_progress(self, last: float) -> float:
         """Publish this node's latest progress; the job's latest, every node's counted."""
 
-    def share_hang(self, record: HangRecord) -> HangRecord:
-        """Publish this node's ranks; the record with every node's ranks and verdict."""
+    def share_hang(self, ranks: Sequence[HangRank]) -> tuple[list[HangRank], int]:
+        """Publish this node's ranks of a hang; every node's, and how many nodes said nothing."""
 
     def share_arrivals(
         self, seen: Mapping[tuple[str, int], Seen], members: Mapping[str, set[int]]

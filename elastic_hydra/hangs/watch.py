@@ -89,7 +89,7 @@ class LocalHangWatch:
         for lr in running:  # the CPU time the ranks spent on their dumps is no progress
             rank = self.ranks[lr]
             rank.cpu, rank.looked = procfs.cpu_seconds(self.workers.pids[lr]), after
-        return record if self.job is None else self.job.share_hang(record)
+        return record
 
     def timeout(self, idle: float, now: float) -> float:
         """The timeout of this look: hang.timeout, or the one learned from the gaps between the
@@ -116,10 +116,15 @@ class LocalHangWatch:
         rank.observe(now=now, notes=notes, cpu=procfs.cpu_seconds(pid), output=output)
 
     def evidence(self, running: list[int], idle: float, now: float) -> HangRecord:
-        """Every rank's place, its stacks saved first; the verdict."""
+        """Every rank's place, its stacks saved first (with `job`: every node's ranks); the
+        verdict."""
         told = frozenset(lr for lr, p in self.ranks.items() if p.collectives is not None)
-        ranks = dump_ranks(self.workers, running, told)
+        ranks, missing = dump_ranks(self.workers, running, told), 0
+        if self.job is not None:
+            ranks, missing = self.job.share_hang(ranks)
         text, odd = verdict.verdict(ranks, idle)
+        if missing:
+            text += f" ({missing} node(s) did not say where their ranks are)"
         return HangRecord(
             verdict=text,
             idle_s=round(idle, 3),

@@ -22,8 +22,10 @@ What the nodes share besides the rendezvous itself lives in the store under our 
 - `status_keys`: each agent's status record under its own slot of the run, and every slot read
   back for `elastic-hydra top --endpoint`.
 - `server`: `elastic-hydra rdzv-server`, the c10d store as a process of its own.
+- `hang_share`: hangs across nodes: each node's latest progress, and every node's ranks of a
+  hang (the hang watch gives the job-wide verdict from them).
 - `arrivals`: the straggler score across nodes: each node's clock offset to node 0's, measured
   at the start of a round, and every node's collectives on that clock.
 
-Imports: hangs (the hang share rides on the store), agent and the root.
+Imports: agent and the root.
 """

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from elastic_hydra.agent.events import ChangeKind, ExitBarrier
@@ -27,12 +27,11 @@ from elastic_hydra.agent.seams import (
     StopRequest,
 )
 from elastic_hydra.errors import RendezvousError
-from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan
 from elastic_hydra.records.failures import FailureRecord
-from elastic_hydra.records.hangs import HangRecord
+from elastic_hydra.records.hangs import HangRank
 from elastic_hydra.records.stragglers import Seen
-from elastic_hydra.rendezvous import sealed_records, store_keys
+from elastic_hydra.rendezvous import hang_share, sealed_records, store_keys
 from elastic_hydra.rendezvous.arrivals import ArrivalShare, Key
 from elastic_hydra.rendezvous.join_wait import JoinWait
 from elastic_hydra.rendezvous.membership import Membership
@@ -110,24 +109,24 @@ class TorchRendezvous(Membership, JoinWait):
         if self.job_store is None or self.node is None:
             return last
         run_id, node = self.plan.torch_run_id, self.node
-        share.publish_progress(self.job_store, run_id, self._round, node.group_rank, last)
-        latest = share.latest_progress(
+        hang_share.publish_progress(self.job_store, run_id, self._round, node.group_rank, last)
+        latest = hang_share.latest_progress(
             self.job_store, run_id, self._round, node.group_world_size, time.time()
         )
         return last if latest is None else max(last, latest)
 
-    def share_hang(self, record: HangRecord) -> HangRecord:
-        """seams.JobShare: every node's ranks and the job-wide verdict."""
+    def share_hang(self, ranks: Sequence[HangRank]) -> tuple[list[HangRank], int]:
+        """seams.JobShare: every node's ranks, and how many nodes said nothing."""
         if self.job_store is None or self.node is None:
-            return record
+            return list(ranks), 0
         self._hangs += 1
-        return share.share_hang(
+        return hang_share.share_hang(
             self.job_store,
             self.plan.torch_run_id,
             key=f"{self._round}/{self._hangs}",
             node=self.node.group_rank,
             nodes=self.node.group_world_size,
-            record=record,
+            ranks=ranks,
             stopped=lambda: self.interrupt.signum is not None,
         )
 

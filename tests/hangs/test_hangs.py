@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,11 @@ from typing import Any
 import pytest
 
 from elastic_hydra.agent.events import Hang, WorkersStarted
-from elastic_hydra.hangs import share, verdict
-from elastic_hydra.plan import HangAction
-from elastic_hydra.records.hangs import GroupState, HangRank, HangRecord, RankState
+from elastic_hydra.hangs import verdict
+from elastic_hydra.hangs.watch import LocalHangWatch
+from elastic_hydra.records.hangs import GroupState, HangRank, RankState
+from elastic_hydra.rendezvous import hang_share as share
+from elastic_hydra.rundir import RunDir
 from elastic_hydra.tracebacks import parse_threads
 from tests.conftest import WORKERS, free_port, wait_for
 from tests.harness import run, started
@@ -541,9 +544,40 @@ class FlakyStore:
         return value
 
 
-def hang_of(*ranks: HangRank) -> HangRecord:
-    return HangRecord(verdict="", idle_s=3.0, timeout_s=2.0, action=HangAction.FAIL, attempt=0,
-                      time=0.0, ranks=ranks)  # fmt: skip
+class NodesShare:
+    """seams.JobShare of a job whose other node's ranks are 1 (in `data.py`) and 2 (in an
+    all_reduce), or whose other node said nothing."""
+
+    def __init__(self, missing: int) -> None:
+        self.missing = missing
+
+    def share_progress(self, last: float) -> float:
+        return last
+
+    def share_hang(self, ranks: Sequence[HangRank]) -> tuple[list[HangRank], int]:
+        other = [
+            rank(1, file="/u/data.py", line=88, code="time.sleep(60)"),
+            rank(2, file="/u/t.py", line=3, call="torch.distributed.all_reduce"),
+        ]
+        return [*ranks, *([] if self.missing else other)], self.missing
+
+    def share_arrivals(self, seen: Any, members: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize("missing", [0, 1])
+def test_the_watch_gives_one_verdict_from_every_nodes_ranks(tmp_path: Path, missing: int) -> None:
+    from tests.harness import plan_of
+
+    plan = plan_of(f"script={WORKERS / 'hang_probe.py'}", "hang.timeout=2")
+    watch = LocalHangWatch(plan, RunDir(tmp_path), "vm", job=NodesShare(missing))
+    record = watch.evidence([], 3.0, time.time())  # no rank of its own runs here
+    if missing:
+        assert [r.rank for r in record.ranks] == []
+        assert record.verdict.endswith("(1 node(s) did not say where their ranks are)")
+    else:
+        assert [(r.rank, r.odd) for r in record.ranks] == [(1, True), (2, False)]
+        assert record.verdict.startswith("hang after 3 s without progress: rank 1 at data.py:88")
 
 
 def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
@@ -551,25 +585,23 @@ def test_every_node_gets_the_job_wide_verdict_through_the_store() -> None:
     other = json.dumps([rank(1, file="/u/data.py", line=88, code="time.sleep(60)").to_json()])
     store.set("elastic_hydra/r/hang/ranks/0/1/1", other)
     store.add("elastic_hydra/r/hang/read/0/1", 1)  # the other node has read every node's ranks
-    mine = hang_of(rank(0, file="/u/t.py", line=3, call="torch.distributed.all_reduce"))
-    shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
-                                   stopped=lambda: False)  # fmt: skip
-    assert [r.rank for r in shared.ranks] == [0, 1] and [r.odd for r in shared.ranks] == [
-        False,
-        True,
-    ]
-    assert shared.verdict.startswith("hang after 3 s without progress: rank 1 at data.py:88")
+    mine = rank(0, file="/u/t.py", line=3, call="torch.distributed.all_reduce")
+    ranks, missing = share.share_hang(store, "r", key="0/1", node=0, nodes=2, ranks=[mine],
+                                      stopped=lambda: False)  # fmt: skip
+    assert ([r.rank for r in ranks], missing) == ([0, 1], 0)
+    text, odd = verdict.verdict(ranks, 3.0)
+    assert odd == {1}
+    assert text.startswith("hang after 3 s without progress: rank 1 at data.py:88")
 
 
 def test_a_node_whose_ranks_do_not_read_is_named_as_missing() -> None:
     store = FlakyStore()
     store.set("elastic_hydra/r/hang/ranks/0/1/1", '[{"rank": "zero"}]')  # untrusted, malformed
     store.add("elastic_hydra/r/hang/read/0/1", 1)
-    mine = hang_of(rank(0, file="/u/t.py", line=3))
-    shared = share.share_hang(store, "r", key="0/1", node=0, nodes=2, record=mine,
-                                   stopped=lambda: False)  # fmt: skip
-    assert [r.rank for r in shared.ranks] == [0]
-    assert shared.verdict.endswith("(1 node(s) did not say where their ranks are)")
+    ranks, missing = share.share_hang(store, "r", key="0/1", node=0, nodes=2,
+                                      ranks=[rank(0, file="/u/t.py", line=3)],
+                                      stopped=lambda: False)  # fmt: skip
+    assert ([r.rank for r in ranks], missing) == ([0], 1)
 
 
 class SharedStore(FlakyStore):
@@ -615,12 +647,12 @@ def test_the_node_hosting_the_store_waits_until_the_other_has_read_its_ranks() -
     # Node 0 publishes and finds node 1's ranks missing; node 1 publishes, finds node 0's at
     # once, and its agent, which hosts the store, ends. Node 0 still reads node 1's ranks.
     store = SharedStore()
-    results: dict[int, HangRecord] = {}
+    results: dict[int, list[HangRank]] = {}
 
     def share_of(node: int) -> None:
-        mine = hang_of(rank(node, file="/u/t.py", line=3 + node))
-        results[node] = share.share_hang(store, "r", key="0/1", node=node, nodes=2,
-                                              record=mine, stopped=lambda: False)  # fmt: skip
+        mine = [rank(node, file="/u/t.py", line=3 + node)]
+        results[node], _ = share.share_hang(store, "r", key="0/1", node=node, nodes=2,
+                                            ranks=mine, stopped=lambda: False)  # fmt: skip
 
     first = threading.Thread(target=share_of, args=(0,))
     first.start()
@@ -628,8 +660,8 @@ def test_the_node_hosting_the_store_waits_until_the_other_has_read_its_ranks() -
     share_of(1)
     store.dead = True  # node 1's agent ended, with the store
     first.join(20)
-    assert [r.rank for r in results[0].ranks] == [0, 1], results[0].verdict
-    assert [r.rank for r in results[1].ranks] == [0, 1], results[1].verdict
+    assert [r.rank for r in results[0]] == [0, 1]
+    assert [r.rank for r in results[1]] == [0, 1]
 
 
 def test_no_node_may_claim_progress_in_the_future() -> None:

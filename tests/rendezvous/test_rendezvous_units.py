@@ -18,7 +18,6 @@ import pytest
 from elastic_hydra.agent.events import ChangeKind
 from elastic_hydra.agent.outcome import root_cause
 from elastic_hydra.errors import STORE_ERRORS, RendezvousError
-from elastic_hydra.hangs import share
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, NodeRange
 from elastic_hydra.records.failures import (
     FailureRecord,
@@ -29,6 +28,7 @@ from elastic_hydra.records.failures import (
     lost_a_peer,
 )
 from elastic_hydra.records.summary import RunStatus, RunSummary
+from elastic_hydra.rendezvous import hang_share as share
 from elastic_hydra.rendezvous import join_wait
 from elastic_hydra.rendezvous.store_keys import (
     ASSIGNED_RANKS,

@@ -3,22 +3,20 @@
 A job is hung when no rank on any node made progress for `hang.timeout`: each node publishes
 its own latest progress (wall clock) and reads the others'. When its watch finds the job hung,
 each node publishes where its ranks are and reads the other nodes' (they find the same hang
-within a look or two), so every node shows the job-wide verdict. What comes from the store is
-untrusted: a value that does not read as a time or a rank is ignored, and no node may claim
-progress in the future.
+within a look or two), so every node's watch gives the job-wide verdict (`hangs.verdict`, from
+every node's ranks). What comes from the store is untrusted: a value that does not read as a
+time or a rank is ignored, and no node may claim progress in the future.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from elastic_hydra.errors import STORE_ERRORS
-from elastic_hydra.hangs import verdict
-from elastic_hydra.records.hangs import HangRank, HangRecord
+from elastic_hydra.records.hangs import HangRank
 
 SHARE_WAIT = 15.0  # seconds a node waits for the others' ranks after a hang (they find it too)
 READ_WAIT = 2.0  # seconds a node that has every node's ranks waits for the others to have them
@@ -60,33 +58,29 @@ def share_hang(
     key: str,
     node: int,
     nodes: int,
-    record: HangRecord,
+    ranks: Sequence[HangRank],
     stopped: Callable[[], bool],
-) -> HangRecord:
-    """Publish this node's ranks, wait (SHARE_WAIT at most) for the other nodes', and return
-    the record with every node's ranks and the job-wide verdict."""
-    mine = json.dumps([r.to_json() for r in record.ranks])
+) -> tuple[list[HangRank], int]:
+    """Publish this node's ranks, wait (SHARE_WAIT at most) for the other nodes'; every node's
+    ranks, by rank, and how many nodes said nothing (or nothing that reads as ranks)."""
+    mine = json.dumps([r.to_json() for r in ranks])
     keys = [_KEY.format(run_id=run_id, what=f"ranks/{key}/{n}") for n in range(nodes)]
     try:
         store.set(keys[node], mine)
     except STORE_ERRORS:
-        return record
-    found: dict[int, list[HangRank]] = {node: list(record.ranks)}
+        return list(ranks), 0
+    found: dict[int, list[HangRank]] = {node: list(ranks)}
     deadline = time.monotonic() + SHARE_WAIT
     while len(found) < nodes and time.monotonic() < deadline and not stopped():
         for n, k in enumerate(keys):
-            if n not in found and (ranks := _read_ranks(store, k)) is not None:
-                found[n] = ranks
+            if n not in found and (theirs := _read_ranks(store, k)) is not None:
+                found[n] = theirs
         if len(found) < nodes:
             time.sleep(0.1)
     if len(found) == nodes:
         _all_read(store, _KEY.format(run_id=run_id, what=f"read/{key}"), nodes, stopped)
-    ranks = sorted((r for rs in found.values() for r in rs), key=lambda r: r.rank)
-    text, odd = verdict.verdict(ranks, record.idle_s)
-    missing = nodes - sum(1 for rs in found.values() if rs)
-    if missing:
-        text += f" ({missing} node(s) did not say where their ranks are)"
-    return replace(record, verdict=text, ranks=tuple(replace(r, odd=r.rank in odd) for r in ranks))
+    every = sorted((r for rs in found.values() for r in rs), key=lambda r: r.rank)
+    return every, nodes - sum(1 for rs in found.values() if rs)
 
 
 def _all_read(store: Store, key: str, nodes: int, stopped: Callable[[], bool]) -> None:
