@@ -24,6 +24,7 @@ from elastic_hydra.records.failures import signal_name
 from elastic_hydra.records.summary import JobResult, RunStatus, RunSummary
 from elastic_hydra.redact import redact, redact_env
 from elastic_hydra.report.notices import warn
+from elastic_hydra.report.summary import save_summary
 from elastic_hydra.resolve import timeouts
 from elastic_hydra.resolve.quarantine import resolve_quarantine
 from elastic_hydra.resolve.resolver import resolve_config
@@ -155,7 +156,7 @@ class JobRunner:
 
         if (signum := stopsignals.pending_signal()) is not None:  # stopped before anything ran
             stopped = _stopped_before_the_launch(plan, signum)
-            wiring.save_summary(run, stopped)
+            save_summary(run, stopped)
             self._record(_result(ctx, stopped.exit_code, stopped.message, stopped, run=run))
             raise SweepStopped(stopped.exit_code)
 

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import functools
-import json
 import os
 import random
 import select
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from elastic_hydra import stopsignals
-from elastic_hydra.agent.events import Event, WarmFallback
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import JobFailures, NodeExchange, Preflight, Rendezvous
@@ -32,12 +27,18 @@ from elastic_hydra.launch.worker_factory import host_name as _host
 from elastic_hydra.plan import Dynamic, LaunchPlan, PreflightMode
 from elastic_hydra.records.failures import FailureRecord, WorkerExit, job_root_cause
 from elastic_hydra.records.summary import RunStatus, RunSummary
-from elastic_hydra.redact import redact
 from elastic_hydra.rendezvous.local import LocalRendezvous
 from elastic_hydra.report import notices
+from elastic_hydra.report.events_file import EventLog, disk_full
 from elastic_hydra.report.failure_files import read_failure
-from elastic_hydra.report.summary import node_ledger, summarize
-from elastic_hydra.rundir import PRIVATE_DIR, RunDir, open_private, write_kept
+from elastic_hydra.report.summary import (
+    RESULT_ROOM,
+    SUMMARY_ROOM,
+    node_ledger,
+    save_summary,
+    summarize,
+)
+from elastic_hydra.rundir import PRIVATE_DIR, RunDir
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 from elastic_hydra.stragglers.watch import LocalStragglerWatch
 from elastic_hydra.workers.console import ConsoleSink
@@ -70,47 +71,6 @@ class RealClock:
             self.flag.drain()
 
 
-class EventLog:
-    """Appends each event to events.jsonl as it happens (flushed: nothing lost if killed).
-
-    `echo` also shows restarts on the console and, with `multi_node`, the membership story
-    (joining, nodes joining or leaving).
-    """
-
-    def __init__(self, path: Path, echo: bool = False, multi_node: bool = False) -> None:
-        self.file: IO[str] | None = os.fdopen(open_private(path), "a", buffering=1)
-        self.name = path.name
-        self.events: list[Event] = []
-        self.echo = echo
-        self.multi_node = multi_node
-        self.error: OSError | None = None  # why the timeline stops early
-
-    def emit(self, event: Event) -> None:
-        self.events.append(event)
-        if self.file is not None:
-            try:
-                self.file.write(json.dumps(event.to_json()) + "\n")
-            except OSError as exc:  # a full disk: the job goes on, the timeline stops here
-                notices.warn(f"cannot write {self.name} ({exc.strerror}); no more events saved")
-                self.error = exc
-                self._close_file()
-        if self.echo:
-            notices.progress(event, multi_node=self.multi_node)
-
-    def cold(self, reason: str) -> None:
-        """Warm starts are off for the rest of the launch (`warm/`): one event, one notice."""
-        self.emit(WarmFallback(reason=reason, wall_time=time.time(), mono_time=time.monotonic()))
-
-    def _close_file(self) -> None:
-        if self.file is not None:
-            with contextlib.suppress(OSError):
-                self.file.close()
-            self.file = None
-
-    def close(self) -> None:
-        self._close_file()
-
-
 class NodesRendezvous(Rendezvous, NodeExchange, Protocol):
     """The rendezvous, and where the round's nodes swap the preflight's reports."""
 
@@ -141,59 +101,6 @@ def console_deadline(code: int, seconds: float) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
-
-
-def save_summary(run: RunDir, summary: RunSummary, disk_full: Sequence[str] = ()) -> RunSummary:
-    """summary.json, or the same JSON on stderr when it cannot be written (the run dir was
-    removed): the job's outcome and exit code stay what they are. Returns the summary saved.
-
-    On a full disk it goes into the room kept for it since the start (`RunDir.reserve_end`),
-    without its list of every failure and exit when the whole would not fit. Its message names
-    the full disk then, and whatever else it cost (`disk_full`: "events.jsonl stops early").
-    """
-    full = _naming_the_disk(summary, disk_full)
-    room = _naming_the_disk(summary, [*disk_full, ROOM_USED.format(file=run.summary.name)])
-    text = _json(full)
-    try:
-        if write_kept(run.summary, text, [_json(room), _json(_short(room))]):
-            return room
-    except OSError as exc:
-        notices.warn(f"cannot write {run.summary} ({exc.strerror}); the summary follows")
-        with contextlib.suppress(OSError):
-            sys.stderr.write(text)
-            sys.stderr.flush()
-    return full
-
-
-DISK_FULL = "no space left on device in the run dir"  # then what it cost, in the message
-ROOM_USED = "{file} written in the room kept for it"
-SUMMARY_ROOM = 128 << 10  # bytes kept for summary.json (a summary with 20 tracebacks: ~60 KiB)
-RESULT_ROOM = 16 << 10  # result.json, which holds the summary when it fits
-
-
-def _naming_the_disk(summary: RunSummary, costs: Sequence[str]) -> RunSummary:
-    if not costs:
-        return summary
-    note = f"{DISK_FULL}: {', '.join(costs)}"
-    message = f"{summary.message}; {note}" if summary.message else note
-    return dataclasses.replace(summary, message=message)
-
-
-def _short(summary: RunSummary) -> RunSummary:
-    """The summary without its lists (every failure and exit): what fits a full disk's room."""
-    return dataclasses.replace(summary, failures=(), job_failures=(), exits=(), peer_failures=())
-
-
-def _json(summary: RunSummary) -> str:
-    return json.dumps(redact(summary.to_json()), indent=2, default=str) + "\n"
-
-
-def _disk_full(events: EventLog) -> list[str]:
-    """What a full disk already cost the run: the timeline that stopped early."""
-    error = events.error
-    if error is None or error.errno != errno.ENOSPC:
-        return []
-    return [f"{events.name} stops early"]
 
 
 def _failed_elsewhere(
@@ -386,6 +293,6 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
         job_failures=job_failures,
         ledger=ledger,
     )
-    summary = save_summary(run_dir, summary, _disk_full(events))
+    summary = save_summary(run_dir, summary, disk_full(events))
     _report(plan, outcome, summary, factory.sink)
     return outcome.exit_code, summary

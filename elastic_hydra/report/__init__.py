@@ -2,14 +2,16 @@
 
 - `failure_files`: what a failed worker left behind (torch's `@record` error file, our own
   traceback file, a crash dump, the tail of its stderr), read once into its failure record.
-- `summary`: `summary.json`, how a launch ended on this node, every failure and the root cause.
+- `summary`: `summary.json`, how a launch ended on this node, every failure and the root cause;
+  written whole, into the room kept for it when the disk is full.
 - `render`: rich renderings of a failure report and a sweep table; `plan_view`: `--plan`'s
   table; `history`: `report`'s timeline, attempts and nodes. rich is imported by these three
   only, and only when something is shown.
 - `notices`: one-line notices on stderr without rich (the success line, a multi-node job's
   progress).
-- `events_file`: `events.jsonl` read back as typed events, the one reader of a run's timeline
-  (`report`, `stacks`); lines cut short or of unknown kinds are skipped and counted.
+- `events_file`: `events.jsonl`, written as the run goes on (`EventLog`) and read back as typed
+  events, the one reader of a run's timeline (`report`, `stacks`); lines cut short or of
+  unknown kinds are skipped and counted.
 - `goodput`: the goodput ledger (pure): a node's wall time cut into phases (start-up,
   rendezvous, running, restart, hung, stopping ...) from its events, GPU-seconds, the work lost
   to each failure; a job's as the sum of its nodes'. Kept in summary.json.

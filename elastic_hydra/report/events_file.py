@@ -1,4 +1,5 @@
-"""`events.jsonl` read back: the one reader of a run's timeline (`report`, `stacks`, the tests).
+"""`events.jsonl`: written as the run goes on (`EventLog`), and read back: the one reader of a
+run's timeline (`report`, `stacks`, the tests).
 
 The file is written one flushed line per event while the run goes on, so it may end in a line
 cut short (the agent was killed mid-write) or be read while still growing; and a newer release
@@ -8,10 +9,15 @@ A file in a newer format is refused as a whole, with one message.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from elastic_hydra.agent.events import (
     FORMAT,
@@ -19,10 +25,13 @@ from elastic_hydra.agent.events import (
     EventLineError,
     NewerFormatError,
     UnknownEventKindError,
+    WarmFallback,
     WorkersStarted,
     event_from_json,
 )
 from elastic_hydra.errors import ConfigError
+from elastic_hydra.report import notices
+from elastic_hydra.rundir import open_private
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,3 +94,52 @@ def read_events(path: Path) -> EventsRead:
 def last_start(events: Sequence[Event]) -> WorkersStarted | None:
     """The latest start of the worker group (its attempt and pids); None before the first."""
     return next((e for e in reversed(events) if isinstance(e, WorkersStarted)), None)
+
+
+class EventLog:
+    """Appends each event to events.jsonl as it happens (flushed: nothing lost if killed).
+
+    `echo` also shows restarts on the console and, with `multi_node`, the membership story
+    (joining, nodes joining or leaving).
+    """
+
+    def __init__(self, path: Path, echo: bool = False, multi_node: bool = False) -> None:
+        self.file: IO[str] | None = os.fdopen(open_private(path), "a", buffering=1)
+        self.name = path.name
+        self.events: list[Event] = []
+        self.echo = echo
+        self.multi_node = multi_node
+        self.error: OSError | None = None  # why the timeline stops early
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+        if self.file is not None:
+            try:
+                self.file.write(json.dumps(event.to_json()) + "\n")
+            except OSError as exc:  # a full disk: the job goes on, the timeline stops here
+                notices.warn(f"cannot write {self.name} ({exc.strerror}); no more events saved")
+                self.error = exc
+                self._close_file()
+        if self.echo:
+            notices.progress(event, multi_node=self.multi_node)
+
+    def cold(self, reason: str) -> None:
+        """Warm starts are off for the rest of the launch (`warm/`): one event, one notice."""
+        self.emit(WarmFallback(reason=reason, wall_time=time.time(), mono_time=time.monotonic()))
+
+    def _close_file(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = None
+
+    def close(self) -> None:
+        self._close_file()
+
+
+def disk_full(events: EventLog) -> list[str]:
+    """What a full disk already cost the run: the timeline that stopped early."""
+    error = events.error
+    if error is None or error.errno != errno.ENOSPC:
+        return []
+    return [f"{events.name} stops early"]

@@ -1,10 +1,15 @@
-"""summary.json: how a launch ended on this node, every failure record and the root cause.
+"""summary.json: how a launch ended on this node, every failure record and the root cause; and
+its writer (`save_summary`), which a full disk does not stop.
 
 The console report and `elastic-hydra report` both render this same `RunSummary`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+import sys
 from collections.abc import Sequence
 
 from elastic_hydra.agent.events import Event
@@ -13,7 +18,9 @@ from elastic_hydra.plan import Command, LaunchPlan, PythonModule, PythonScript
 from elastic_hydra.records.failures import FailureRecord, job_root_cause, signal_name
 from elastic_hydra.records.goodput import Ledger
 from elastic_hydra.records.summary import RunStatus, RunSummary
-from elastic_hydra.report import goodput
+from elastic_hydra.redact import redact
+from elastic_hydra.report import goodput, notices
+from elastic_hydra.rundir import RunDir, write_kept
 
 
 def summarize(
@@ -76,3 +83,48 @@ def node_ledger(
     GPUs are those the plan gives its workers (none where it leaves devices alone)."""
     held = {gpu.uuid for worker in plan.devices for gpu in worker.gpus}
     return goodput.ledger(events, node=host, start=start, end=end, gpus=len(held))
+
+
+def save_summary(run: RunDir, summary: RunSummary, disk_full: Sequence[str] = ()) -> RunSummary:
+    """summary.json, or the same JSON on stderr when it cannot be written (the run dir was
+    removed): the job's outcome and exit code stay what they are. Returns the summary saved.
+
+    On a full disk it goes into the room kept for it since the start (`RunDir.reserve_end`),
+    without its list of every failure and exit when the whole would not fit. Its message names
+    the full disk then, and whatever else it cost (`disk_full`: "events.jsonl stops early").
+    """
+    full = _naming_the_disk(summary, disk_full)
+    room = _naming_the_disk(summary, [*disk_full, ROOM_USED.format(file=run.summary.name)])
+    text = _json(full)
+    try:
+        if write_kept(run.summary, text, [_json(room), _json(_short(room))]):
+            return room
+    except OSError as exc:
+        notices.warn(f"cannot write {run.summary} ({exc.strerror}); the summary follows")
+        with contextlib.suppress(OSError):
+            sys.stderr.write(text)
+            sys.stderr.flush()
+    return full
+
+
+DISK_FULL = "no space left on device in the run dir"  # then what it cost, in the message
+ROOM_USED = "{file} written in the room kept for it"
+SUMMARY_ROOM = 128 << 10  # bytes kept for summary.json (a summary with 20 tracebacks: ~60 KiB)
+RESULT_ROOM = 16 << 10  # result.json, which holds the summary when it fits
+
+
+def _naming_the_disk(summary: RunSummary, costs: Sequence[str]) -> RunSummary:
+    if not costs:
+        return summary
+    note = f"{DISK_FULL}: {', '.join(costs)}"
+    message = f"{summary.message}; {note}" if summary.message else note
+    return dataclasses.replace(summary, message=message)
+
+
+def _short(summary: RunSummary) -> RunSummary:
+    """The summary without its lists (every failure and exit): what fits a full disk's room."""
+    return dataclasses.replace(summary, failures=(), job_failures=(), exits=(), peer_failures=())
+
+
+def _json(summary: RunSummary) -> str:
+    return json.dumps(redact(summary.to_json()), indent=2, default=str) + "\n"

@@ -18,8 +18,8 @@ import yaml  # type: ignore[import-untyped]
 
 from elastic_hydra.agent.events import WorkersStarted
 from elastic_hydra.config.composed import config_hash
-from elastic_hydra.launch import wiring
 from elastic_hydra.records.summary import RunStatus, RunSummary
+from elastic_hydra.report import events_file, summary
 from elastic_hydra.report.events_file import read_events
 from elastic_hydra.rundir import RunDir, reserve, room, write_kept
 from tests.conftest import ELASTIC_HYDRA, WORKERS, tmpfs, wait_for
@@ -241,8 +241,8 @@ def test_the_room_kept_for_a_file_takes_it_when_the_disk_is_full(tmp_path: Path)
 def test_a_timeline_cut_by_a_full_disk_is_named_in_the_summary(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "disk", "size=64k") as disk:
         run = RunDir(disk)
-        run.reserve_end(wiring.SUMMARY_ROOM // 4, wiring.RESULT_ROOM)
-        events = wiring.EventLog(run.events)
+        run.reserve_end(summary.SUMMARY_ROOM // 4, summary.RESULT_ROOM)
+        events = events_file.EventLog(run.events)
         fill = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT)
         with contextlib.suppress(OSError):
             while True:
@@ -252,7 +252,7 @@ def test_a_timeline_cut_by_a_full_disk_is_named_in_the_summary(tmp_path: Path) -
             events.emit(WorkersStarted(wall_time=1.0, mono_time=1.0, pids=(n,), attempt=n))
         events.close()
         ok = RunSummary(status=RunStatus.SUCCEEDED, exit_code=0, message="all workers exited")
-        saved = wiring.save_summary(run, ok, wiring._disk_full(events))
+        saved = summary.save_summary(run, ok, events_file.disk_full(events))
         assert saved.message == (
             "all workers exited; no space left on device in the run dir: events.jsonl stops "
             "early, summary.json written in the room kept for it"
