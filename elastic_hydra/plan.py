@@ -323,6 +323,9 @@ class LaunchPlan:
     collective_timeout: float | None = None  # timeouts.collective; None: torch's default
     warm: WarmSpec = WarmSpec()  # () for cmd= and bootstrap=false: they start cold
     preflight: PreflightSpec = PreflightSpec()
+    # When the launch began (epoch seconds: the instant its run dir is named after); the workers
+    # get it (a Hydra app's `${now:}` in them). None: the agent's own start (a sweep's job).
+    launch_time: float | None = None
 
     @property
     def argv(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ import contextlib
 import copy
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,12 +78,15 @@ class JobContext:
         overrides: the job's overrides, then `--` and the script's args if there were any.
         swept: one job of a sweep (`-m`, or a job that sets `hydra.mode: MULTIRUN`).
         hydra_cfg: the `hydra` node, unresolved, as `.hydra/hydra.yaml` holds it.
+        launch_time: the instant a plain run's directory is named after (the workers' Hydra
+            `${now:}`); None for a sweep's job, which starts when its launcher runs it.
     """
 
     run_dir: Path
     overrides: list[str]
     swept: bool
     hydra_cfg: dict[str, Any]
+    launch_time: float | None = None
 
 
 class JobRunner(Protocol):
@@ -102,12 +106,13 @@ def compose(inv: Invocation) -> tuple[Composed, JobContext]:
     Raises:
         HydraException, OmegaConfBaseException: the job does not compose.
     """
-    register()
+    launched = time.time()
+    register(launched)
     app = _app(inv.job_dir)
     try:
         with _errors_raised():
             cfg = _compose(app, inv, logging=False)
-        return _job_view(cfg, inv)
+        return _job_view(cfg, inv, launched)
     finally:
         GlobalHydra.instance().clear()
 
@@ -132,7 +137,7 @@ def sweep_jobs(inv: Invocation) -> list[tuple[Composed, JobContext]]:
             "--plan", "lists a sweep's jobs with the supported hydra-core releases only",
             hydra_version(), "plan one job: one value per key, without -m",
         )  # fmt: skip
-    register()
+    register(time.time())
     app = _app(inv.job_dir)
     try:
         with _errors_raised():
@@ -182,12 +187,13 @@ def run(inv: Invocation, runner: JobRunner) -> list[Any]:
     Returns what a sweep's jobs returned, as Hydra's launcher brought it back: from the jobs
     that ran elsewhere (a Slurm node, a pool process), this is the only way home.
     """
-    register()
+    launched = time.time()
+    register(launched)
     if not internals_supported():
-        _via_hydra_main(inv, runner)
+        _via_hydra_main(inv, runner, launched)
         return []
     with _errors_raised():
-        if inv.only_job_flags and not inv.multirun and _ran_once(inv, runner):
+        if inv.only_job_flags and not inv.multirun and _ran_once(inv, runner, launched):
             return []
         from hydra._internal.utils import _run_hydra, get_args_parser
 
@@ -196,7 +202,7 @@ def run(inv: Invocation, runner: JobRunner) -> list[Any]:
             _run_hydra(
                 args=parser.parse_args(inv.hydra_argv),
                 args_parser=parser,
-                task_function=HydraTask(inv, runner),
+                task_function=HydraTask(inv, runner, launched),
                 config_path=CONF_PATH,
                 config_name=inv.config_name,
             )
@@ -269,33 +275,39 @@ def _compose(app: Any, inv: Invocation, *, logging: bool) -> DictConfig:
     return cfg
 
 
-def _job_view(cfg: DictConfig, inv: Invocation) -> tuple[Composed, JobContext]:
+def _job_view(cfg: DictConfig, inv: Invocation, launched: float) -> tuple[Composed, JobContext]:
     """Split a composed config into the job's config and its context, as Hydra's job runner does.
 
     The run dir is computed (not created) from `hydra.run.dir`, with ${hydra:...} set up for it.
     """
-    return _view_at(cfg, inv, os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir"))))
+    run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
+    return _view_at(cfg, inv, run_dir, launched)
 
 
-def _view_at(cfg: DictConfig, inv: Invocation, run_dir: str) -> tuple[Composed, JobContext]:
+def _view_at(
+    cfg: DictConfig, inv: Invocation, run_dir: str, launched: float | None = None
+) -> tuple[Composed, JobContext]:
     with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):  # as Hydra's run_job does
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
     task_cfg = copy.deepcopy(cfg)
     with open_dict(task_cfg):
         del task_cfg["hydra"]
-    return Composed(_with_script_args(task_cfg, inv)), _context(cfg.hydra, inv, Path(run_dir))
+    context = _context(cfg.hydra, inv, Path(run_dir), launched)
+    return Composed(_with_script_args(task_cfg, inv)), context
 
 
-def _context(hc: Any, inv: Invocation, run_dir: Path) -> JobContext:
+def _context(hc: Any, inv: Invocation, run_dir: Path, launched: float | None) -> JobContext:
     overrides = [str(o) for o in hc.overrides.task]
     if inv.script_args is not None:
         overrides += ["--", *inv.script_args]
+    swept = hc.mode == RunMode.MULTIRUN
     return JobContext(
         run_dir=run_dir,
         overrides=overrides,
-        swept=hc.mode == RunMode.MULTIRUN,
+        swept=swept,
         hydra_cfg=OmegaConf.to_container(hc, resolve=False),  # type: ignore[arg-type]
+        launch_time=None if swept else launched,
     )
 
 
@@ -308,7 +320,7 @@ def _with_script_args(cfg: DictConfig, inv: Invocation) -> DictConfig:
 
 
 # ---------------------------------------------------------------------------------------- runs
-def _ran_once(inv: Invocation, runner: JobRunner) -> bool:
+def _ran_once(inv: Invocation, runner: JobRunner, launched: float) -> bool:
     """A plain launch with a single composition (Hydra's main composes twice: once only to read
     `hydra.mode`). The job is checked and its run dir made before Hydra's job runner starts, so
     bad input creates nothing. False for a job that sets `hydra.mode: MULTIRUN` and when the
@@ -324,7 +336,7 @@ def _ran_once(inv: Invocation, runner: JobRunner) -> bool:
             return False  # e.g. sweep values in a job that sets MULTIRUN: Hydra's main decides
         if cfg.hydra.mode == RunMode.MULTIRUN:
             return False
-        task_cfg, ctx = _job_view(cfg, inv)
+        task_cfg, ctx = _job_view(cfg, inv, launched)
         prepared = runner.prepare(task_cfg, ctx)
         callbacks = Callbacks(cfg)
         callbacks.on_run_start(config=cfg, config_name=inv.config_name)
@@ -352,16 +364,17 @@ class HydraTask:
 
     inv: Invocation
     runner: JobRunner
+    launched: float  # the instant `register` named a plain run's directory after
 
     def __call__(self, cfg: DictConfig) -> Any:
         hc = HydraConfig.get()
-        ctx = _context(hc, self.inv, Path(hc.runtime.output_dir))
+        ctx = _context(hc, self.inv, Path(hc.runtime.output_dir), self.launched)
         return self.runner(Composed(_with_script_args(cfg, self.inv)), ctx, None)
 
 
-def _via_hydra_main(inv: Invocation, runner: JobRunner) -> None:
+def _via_hydra_main(inv: Invocation, runner: JobRunner, launched: float) -> None:
     """Outside the supported hydra-core range: the public entry point, argv swapped meanwhile."""
-    job = HydraTask(inv, runner)
+    job = HydraTask(inv, runner, launched)
 
     def elastic_hydra_job(cfg: DictConfig) -> Any:  # hydra.main inspects a function's source
         return job(cfg)

@@ -8,9 +8,9 @@ boundary does it before every composition.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -22,11 +22,13 @@ from elastic_hydra.rundir import LOGS_ROOT
 from elastic_hydra.schedulers import slurm
 
 
-def register() -> None:
-    """The schema and our resolvers; idempotent, called before any composition."""
+def register(launched: float) -> None:
+    """The schema and our resolvers; called before every composition, with the instant a plain
+    run's directory is named after (`eh.launch`: the launch's time, which the plan carries)."""
     schema.register()
     OmegaConf.register_new_resolver("eh.host", socket.gethostname, use_cache=True, replace=True)
-    OmegaConf.register_new_resolver("eh.launch", _launch_name, use_cache=True, replace=True)
+    name = functools.partial(_launch_name, launched)
+    OmegaConf.register_new_resolver("eh.launch", name, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eh.root", _logs_root, replace=True)
     OmegaConf.register_new_resolver("eh.keys", schema.keys_text, replace=True)  # for --help
     _plugins_listable()
@@ -60,26 +62,12 @@ def _logs_root(root: object) -> str:
     return str(root)
 
 
-# The runs `_launch_name` named in this process: name -> the instant (epoch s) it is made of.
-_named: dict[str, float] = {}
-
-
-def _launch_name() -> str:
-    """A plain run's directory under logs.root: `DATE/TIME_HOST`, unique per launch; inside a
-    Slurm step `slurm/JOBID.STEPID`, the same on every node (each writes in its own subdir)."""
+def _launch_name(launched: float) -> str:
+    """A plain run's directory under logs.root: `DATE/TIME_HOST` of the launch's instant, unique
+    per launch; inside a Slurm step `slurm/JOBID.STEPID`, the same on every node (each writes in
+    its own subdir)."""
     step = slurm.step_dir_name(os.environ)
     if step is not None:
         return f"slurm/{step}"
-    now = time.time()
-    name = datetime.fromtimestamp(now).strftime("%Y-%m-%d/%H-%M-%S-%f") + f"_{socket.gethostname()}"
-    _named[name] = now
-    return name
-
-
-def named_at(run_dir: str) -> float | None:
-    """The instant whose date and time name `run_dir` (or the run dir it is a node's subdir of),
-    if this process named it; None otherwise (a Slurm step, a sweep's job, another process).
-    The launch's time the workers get (`${now:}` of a Hydra app in them) is this one, so their
-    output dir and the run dir read the same second."""
-    path = Path(run_dir).as_posix()
-    return next((t for name, t in _named.items() if f"/{name}" in path), None)
+    when = datetime.fromtimestamp(launched).strftime("%Y-%m-%d/%H-%M-%S-%f")
+    return f"{when}_{socket.gethostname()}"

@@ -18,7 +18,6 @@ from elastic_hydra import stopsignals
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import JobFailures, NodeExchange, Preflight, Rendezvous
-from elastic_hydra.config import resolvers
 from elastic_hydra.errors import EXIT_BUG, ConfigError
 from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.launch import observing
@@ -254,7 +253,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
     guard = GroupGuard(contain)
     factory = LocalWorkerFactory(
         plan, run_dir, flag, guard, contain, warm_fallback=events.cold,
-        launch_time=resolvers.named_at(plan.run_dir) or started_at,
+        launch_time=plan.launch_time or started_at,
     )  # fmt: skip
     try:
         with handle_signals(flag):

@@ -75,14 +75,20 @@ class Host(HostFacts):
         )
 
 
-def resolve_config(job: ComposedJob, *, run_dir: str = "", host: Host | None = None) -> LaunchPlan:
+def resolve_config(
+    job: ComposedJob,
+    *,
+    run_dir: str = "",
+    host: Host | None = None,
+    launch_time: float | None = None,
+) -> LaunchPlan:
     """Resolve a composed job (checked and typed by `Composed.job`) into a plan.
 
     Raises:
         ConfigError: the first problem found, as one line.
     """
     plan = resolve(job.conf, run_dir=run_dir, host=host or Host.current())
-    return dataclasses.replace(plan, config_hash=job.config_hash)
+    return dataclasses.replace(plan, config_hash=job.config_hash, launch_time=launch_time)
 
 
 def node_dir(run_dir: str, host: Host) -> str:

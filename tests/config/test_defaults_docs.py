@@ -70,5 +70,8 @@ def test_the_plans_own_defaults_are_the_schemas(
         for f in dataclasses.fields(LaunchPlan)
         if f.default is dataclasses.MISSING
     }
-    per_launch = LaunchPlan(**required, run_dir=resolved.run_dir, config_hash=resolved.config_hash)
+    per_launch = LaunchPlan(
+        **required, run_dir=resolved.run_dir, config_hash=resolved.config_hash,
+        launch_time=resolved.launch_time,
+    )  # fmt: skip
     assert per_launch == resolved

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,12 @@ def etcd_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def comparable(plan: dict[str, Any]) -> dict[str, Any]:
-    """A plan without what differs between two launches of one command: the time in the run dir,
-    and the fresh run id of a job that names none."""
+    """A plan without what differs between two launches of one command: the time in the run dir
+    (the launch's time, which names it to the microsecond), and the fresh run id of a job that
+    names none."""
     plan = dict(plan)
+    launched = datetime.fromtimestamp(plan.pop("launch_time")).strftime("%Y-%m-%d/%H-%M-%S-%f")
+    assert f"/{launched}_" in plan["run_dir"], (launched, plan["run_dir"])
     plan["run_dir"] = str(Path(plan["run_dir"]).parent)
     if plan["rdzv"]["kind"] == "standalone":
         plan["run_id"] = "<fresh>"
