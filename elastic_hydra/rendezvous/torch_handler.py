@@ -14,8 +14,11 @@ etcd store raise within them.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import io
 import logging
 import os
+import pickle
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -161,6 +164,8 @@ def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
                 backend.value,
                 "install it with `pip install python-etcd`",
             ) from None
+    if backend is not DynamicBackend.ETCD:  # the dynamic handler's state is a pickle
+        guard_state_codec()
     if not verbose:  # our one-line errors say what failed; torch's warnings repeat it
         logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
         if backend is DynamicBackend.ETCD:  # sets its own logger to INFO, on stderr, at import
@@ -168,6 +173,98 @@ def _import_torch_rendezvous(backend: DynamicBackend) -> tuple[Any, Any]:
 
             etcd_rendezvous.logger.setLevel(logging.ERROR)
     return RendezvousParameters, get_rendezvous_handler
+
+
+class ForeignStateError(pickle.UnpicklingError):
+    """torch's rendezvous state in the store is not made of what that state is made of."""
+
+
+_DYNAMIC = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+# What torch's `_RendezvousState` pickles to: dataclasses of its module, datetimes (in UTC:
+# their timezone is a timedelta from UTC), sets.
+_STATE_CLASSES = frozenset(
+    [(_DYNAMIC, "_RendezvousState"), (_DYNAMIC, "_NodeDesc"), ("datetime", "datetime"),
+     ("datetime", "timezone"), ("datetime", "timedelta"), ("builtins", "set"),
+     ("builtins", "frozenset")]
+)  # fmt: skip
+
+
+class _StateUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _STATE_CLASSES:
+            raise ForeignStateError(f"it holds {module}.{name}"[:160])
+        return super().find_class(module, name)
+
+
+class _StateCodec:
+    """Stands in for `pickle` in torch's dynamic rendezvous: the state it writes is pickled as
+    torch pickles it; what it reads back admits the state's own classes alone, then is checked
+    field by field. Anything else is refused (ForeignStateError, a PickleError: torch raises
+    its RendezvousStateError from it) before any of it runs."""
+
+    PickleError = pickle.PickleError
+    dumps = staticmethod(pickle.dumps)
+
+    @staticmethod
+    def loads(data: bytes) -> Any:
+        try:
+            state = _StateUnpickler(io.BytesIO(data)).load()
+        except ForeignStateError:
+            raise
+        except Exception as exc:  # truncated, not a pickle: corrupt, as torch would say
+            raise ForeignStateError(f"it does not read ({exc!r:.80})") from None
+        _check_state(state)
+        return state
+
+
+def _check_state(state: Any) -> None:
+    """torch's `_RendezvousState`, its fields of their types (nodes as `_NodeDesc`)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+    def node(n: Any) -> bool:
+        return (type(n) is _NodeDesc and type(getattr(n, "addr", None)) is str
+                and type(getattr(n, "pid", None)) is int
+                and type(getattr(n, "local_id", None)) is int)  # fmt: skip
+
+    if type(state) is not _RendezvousState:
+        raise ForeignStateError("not torch's rendezvous state (its type)")
+    fields = vars(state)
+    checks: dict[str, Callable[[Any], bool]] = {
+        "round": lambda v: type(v) is int,
+        "complete": lambda v: type(v) is bool,
+        "deadline": lambda v: v is None or type(v) is datetime.datetime,
+        "closed": lambda v: type(v) is bool,
+        "participants": lambda v: type(v) is dict and all(node(k) and type(r) is int
+                                                          for k, r in v.items()),
+        "wait_list": lambda v: type(v) is set and all(map(node, v)),
+        "redundancy_list": lambda v: type(v) is set and all(map(node, v)),
+        "last_heartbeats": lambda v: type(v) is dict and all(
+            node(k) and type(t) is datetime.datetime for k, t in v.items()
+        ),
+    }  # fmt: skip
+    bad = [name for name, ok in checks.items() if name not in fields or not ok(fields[name])]
+    if bad:
+        raise ForeignStateError(f"not torch's rendezvous state ({', '.join(bad)})")
+
+
+def guard_state_codec() -> None:
+    """torch's dynamic rendezvous (c10d, etcd-v2) reads its state from the store through
+    `_StateCodec`: no code from the store runs in this agent."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    dynamic_rendezvous.pickle = _StateCodec
+
+
+def foreign_state(exc: BaseException) -> ForeignStateError | None:
+    """The refused state behind a rendezvous error, if that is what it was."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ForeignStateError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 @contextlib.contextmanager

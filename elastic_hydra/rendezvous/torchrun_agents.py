@@ -22,6 +22,7 @@ from elastic_hydra.rendezvous.torch_handler import (
     Store,
     agent_name,
     dynamic_state,
+    foreign_state,
     node_name,
     reason,
 )
@@ -99,6 +100,12 @@ class TorchrunAgents:
         )
 
     def _lost(self, exc: BaseException) -> str:
+        if (foreign := foreign_state(exc)) is not None:
+            return (
+                f"refused the rendezvous state in the store of the {self.where}: {foreign}; none"
+                f" of it ran. Something other than the job's agents wrote there: keep the store"
+                f" where only the job's nodes reach it"
+            )
         lost = f"lost the {self.where}: {reason(exc)}."
         if self.spec.backend is not DynamicBackend.C10D:
             return f"{lost} Check that etcd is running"
