@@ -227,7 +227,7 @@ def no_gpu_bin(tmp_path: Path) -> Path:
 
 
 def fake_pynvml_module() -> Any:
-    import pynvml  # type: ignore[import-not-found]  # the fake, from the fake_nvml fixture
+    import pynvml  # type: ignore[import-untyped]  # the fake, from the fake_nvml fixture
 
     assert getattr(pynvml, "__file__", "").endswith(os.path.join("nvml_lib", "pynvml.py"))
     return pynvml
