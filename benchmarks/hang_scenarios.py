@@ -1,10 +1,13 @@
 """Injected hangs and healthy loops on gloo: is the verdict right, and how soon does it come.
 
-    python benchmarks/hang_scenarios.py [--timeout 10] [--defaults] [--ranks 3] [--out DIR]
+    python benchmarks/hang_scenarios.py [--timeout 10] [--defaults | --defaults-only]
+        [--onset 3] [--step-sleep 0] [--ranks 3] [--out DIR] [--name hang_scenarios]
 
 Each scenario runs `--ranks` gloo ranks through elastic-hydra with `hang.action=fail` and
-`hang.timeout=--timeout` (with --defaults: also with no hang key, `hang.timeout=auto`). The odd
-rank (the last) misbehaves at step 3 and writes the time it did (the onset); the verdict's time
+`hang.timeout=--timeout` (with --defaults: also with no hang key, `hang.timeout=auto`;
+--defaults-only: only so). The odd rank (the last) misbehaves at step `--onset` (each step
+sleeps `--step-sleep` seconds first: with the defaults, a hang after the watch learned the job's
+rhythm needs steps that take a while) and writes the time it did (the onset); the verdict's time
 is the agent's hang event. Right: the verdict names the odd rank and nothing else (or, where
 the evidence cannot tell, says so), the job fails only as expected, and a healthy loop gets no
 verdict at all.
@@ -16,7 +19,7 @@ a failure, never a hang), `skip` (skips one all_reduce and ends in the closing b
 healthy `sleepy` (all_reduce, print, sleep 0.5), `long` (2.5 s of computing per step) and
 `eval` (one 25 s evaluation of computing, silent).
 
-Writes hang_scenarios.md and hang_scenarios.json into --out (default: results/ beside this file).
+Writes NAME.md and NAME.json into --out (default: results/ beside this file).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-scenario = sys.argv[1]
+scenario, onset_step, step_sleep = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 odd = rank == world - 1
@@ -69,9 +72,11 @@ def compute(seconds):
 
 
 t = torch.ones(2)
-steps = {"sleepy": 40, "long": 8, "eval": 8}.get(scenario, 6)
+steps = {"sleepy": 40, "long": 8, "eval": 8}.get(scenario, onset_step + 3)
 for step in range(steps):
-    if step == 3 and odd:
+    if scenario not in ("sleepy", "long", "eval"):
+        time.sleep(step_sleep)
+    if step == onset_step and odd:
         if scenario == "sleep":
             onset(); time.sleep(3600)
         elif scenario == "stop":
@@ -84,7 +89,7 @@ for step in range(steps):
             onset(); raise RuntimeError("injected")
         elif scenario == "skip":
             onset(); continue
-    if step == 3 and scenario == "deadlock":
+    if step == onset_step and scenario == "deadlock":
         if odd:
             onset()
         first, second = (group_b, group_a) if odd else (group_a, group_b)
@@ -105,7 +110,9 @@ FAILURE = ("raise",)
 HEALTHY = ("sleepy", "long", "eval")
 
 
-def run(work: Path, scenario: str, ranks: int, hang: tuple[str, ...]) -> dict[str, object]:
+def run(
+    work: Path, scenario: str, ranks: int, hang: tuple[str, ...], pace: tuple[int, float]
+) -> dict[str, object]:
     """One launch: what it ended with, the verdict and the time from onset to verdict."""
     case = Path(tempfile.mkdtemp(dir=work, prefix=f"{scenario}-"))
     (case / "w.py").write_text(WORKER)
@@ -114,7 +121,8 @@ def run(work: Path, scenario: str, ranks: int, hang: tuple[str, ...]) -> dict[st
     argv = [
         sys.executable, "-m", "elastic_hydra", f"script={case / 'w.py'}",
         f"nproc_per_node={ranks}", "hang.action=fail", "logs.quiet=true", "stop_grace=5",
-        f"logs.root={logs}", f"env.OUT_DIR={out}", *hang, "--", scenario,
+        f"logs.root={logs}", f"env.OUT_DIR={out}", *hang, "--", scenario, str(pace[0]),
+        str(pace[1]),
     ]  # fmt: skip
     started = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
@@ -154,22 +162,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--defaults", action="store_true", help="also with no hang key")
+    parser.add_argument("--defaults-only", action="store_true", help="only with no hang key")
+    parser.add_argument("--onset", type=int, default=3, help="the step the odd rank misbehaves")
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds before each step")
+    parser.add_argument("--name", default="hang_scenarios", help="the results' file name")
     parser.add_argument("--ranks", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None, help="scenarios to run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    configs = [(f"hang.timeout={args.timeout:g}",)] + ([()] if args.defaults else [])
+    configs = [] if args.defaults_only else [(f"hang.timeout={args.timeout:g}",)]
+    configs += [()] if args.defaults or args.defaults_only else []
+    pace = (args.onset, args.step_sleep)
     results = []
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for scenario in args.only or (*HANGS, *FAILURE, *HEALTHY):
             for hang in configs:
-                result = run(Path(tmp), scenario, args.ranks, hang)
+                result = run(Path(tmp), scenario, args.ranks, hang, pace)
                 result["right"] = right(result, args.ranks)
                 print(json.dumps(result), flush=True)
                 results.append(result)
     meta = {
         "ranks": args.ranks,
+        "onset_step": args.onset,
+        "step_sleep": args.step_sleep,
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "loadavg_before": load,
@@ -177,13 +193,14 @@ def main() -> None:
         "time": time.time(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hang_scenarios.json").write_text(
+    (args.out / f"{args.name}.json").write_text(
         json.dumps({"meta": meta, "results": results}, indent=1) + "\n"
     )
     lines = [
         f"# Injected hangs and healthy loops ({args.ranks} gloo ranks, hang.action=fail)", "",
-        f"Load average before {load[0]:.2f}, after {meta['loadavg_after'][0]:.2f}; "
-        f"{meta['cpus']} CPUs.", "",
+        f"The odd rank misbehaves at step {args.onset}; each step of the hang scenarios sleeps"
+        f" {args.step_sleep:g} s first. Load average before {load[0]:.2f}, after"
+        f" {meta['loadavg_after'][0]:.2f}; {meta['cpus']} CPUs.", "",
         "| scenario | hang keys | right | exit | onset to verdict | verdict |",
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
@@ -192,7 +209,7 @@ def main() -> None:
         text = str(r["verdict"] or r["root_cause"] or "no verdict").replace("|", "\\|")
         lines.append(f"| {r['scenario']} | {r['hang']} | {'yes' if r['right'] else 'NO'} | "
                      f"{r['exit']} | {took} | {text} |")  # fmt: skip
-    (args.out / "hang_scenarios.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -13,7 +13,10 @@ from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.plan import HangSpec, StragglerAction, StragglerSpec
 from elastic_hydra.records.stragglers import Change, Score
+from elastic_hydra.report.plan_view import describe_straggler
 from tests.agent.test_executor import ALL_SUCCEED, FakeClock, harness, make_plan
+from tests.conftest import WORKERS
+from tests.harness import plan_of
 
 
 class FakeStragglers:
@@ -81,3 +84,26 @@ def test_off_or_without_the_hang_watch_the_score_is_never_asked(
         stop=h.stop, read_failure=h.read_failure, straggler=watch,
     ).run()  # fmt: skip
     assert (outcome.status, watch.checks, h.observer.of(Straggler)) == (Status.SUCCEEDED, 0, [])
+
+
+def test_plan_says_the_rule_or_why_nothing_is_scored() -> None:
+    script = f"script={WORKERS / 'idle.py'}"
+    shown = {
+        extra: " ".join(describe_straggler(plan_of(script, *extra)).split())
+        for extra in [(), ("straggler.action=off",), ("hang.timeout=null",),
+                      ("cmd=/bin/true", "script=null"), ("straggler.window=20",
+                                                         "straggler.behind=0.05",
+                                                         "straggler.action=fail")]
+    }  # fmt: skip
+    assert shown[()] == (
+        "a rank that arrives last at 80% or more of its last 50 collectives (straggler.window) or"
+        " 90% of the last 15, a median of at least 10 ms and 10% of the job's interval between"
+        " collectives behind (straggler.behind), is named; cleared under 50% of the last 15;"
+        " then report (straggler.action): nothing is stopped"
+    )
+    assert shown[("straggler.action=off",)] == "not scored (straggler.action=off)"
+    assert "(hang.timeout=null)" in shown[("hang.timeout=null",)]
+    assert "(cmd= or bootstrap=false)" in shown[("cmd=/bin/true", "script=null")]
+    fail = shown[("straggler.window=20", "straggler.behind=0.05", "straggler.action=fail")]
+    assert "its last 20 collectives" in fail and "at least 50 ms" in fail
+    assert fail.endswith("then fail (straggler.action): end the job, exit 1")

@@ -61,7 +61,7 @@ def test_every_node_names_the_same_straggler_on_one_clock(tmp_path: Path) -> Non
             root = f"logs.root={tmp_path / f'agent{i}'}"
             argv = j.command("nnodes=2", "nproc_per_node=2", *FAST, "logs.tee=false", root,
                              script=WORKERS / "straggle.py")  # fmt: skip
-            j.start(argv=[*argv, "--", "70", str(STEP), "3", "5", "70"])
+            j.start(argv=[*argv, "--", "40", str(STEP), "3", "5", "40"])
         assert j.finish(150) == [0, 0], j.explain()
     for agent in j.agents:
         (named,) = [e for e in agent.events() if isinstance(e, Straggler)]
