@@ -170,7 +170,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="scenarios to run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    configs = [] if args.defaults_only else [(f"hang.timeout={args.timeout:g}",)]
+    configs: list[tuple[str, ...]] = (
+        [] if args.defaults_only else [(f"hang.timeout={args.timeout:g}",)]
+    )
     configs += [()] if args.defaults or args.defaults_only else []
     pace = (args.onset, args.step_sleep)
     results = []
