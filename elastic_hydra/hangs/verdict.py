@@ -122,17 +122,22 @@ class RankProgress:
 
 @dataclass(slots=True)
 class Rhythm:
-    """hang.timeout=auto: the gaps between a job's progress events, from the idle time of each
-    look (a gap ends when the idle time drops), and the timeout they give."""
+    """hang.timeout=auto: the gaps between a job's progress events, from each look's idle time.
+
+    A look knows the job's last progress (`now - idle`). When it moved since the previous look,
+    a gap ended: from the previous look's last progress to this one's, which is the longest the
+    gap can have been (a job that progresses between every two looks has gaps of about one look
+    interval; the events in between are not seen, only that there were some)."""
 
     longest: float = 0.0  # the longest gap seen
     gaps: int = 0  # gaps seen
-    idle: float = 0.0  # the idle time at the previous look
+    last: float | None = None  # the last progress as of the previous look
 
-    def see(self, idle: float) -> None:
-        if idle < self.idle:  # progress since the previous look: a gap of at least self.idle
-            self.longest, self.gaps = max(self.longest, self.idle), self.gaps + 1
-        self.idle = idle
+    def see(self, idle: float, now: float) -> None:
+        last = now - idle
+        if self.last is not None and last > self.last:
+            self.longest, self.gaps = max(self.longest, last - self.last), self.gaps + 1
+        self.last = last if self.last is None else max(self.last, last)
 
     def timeout(self, cap: float) -> float:
         """LEARN_MULTIPLE times the longest gap, between LEARN_FLOOR and `cap`; `cap` until

@@ -98,7 +98,7 @@ class LocalHangWatch:
         if not self.spec.learned:
             return self.spec.timeout
         if now - self.started >= self.spec.warmup:
-            self.rhythm.see(idle)
+            self.rhythm.see(idle, now)
         return self.rhythm.timeout(self.spec.timeout)
 
     def last_progress(self) -> float | None:

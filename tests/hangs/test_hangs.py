@@ -459,14 +459,21 @@ def test_hang_keys_are_checked() -> None:
 
 
 def test_the_learned_timeout_is_five_times_the_longest_gap_between_60_and_the_cap() -> None:
-    rhythm = verdict.Rhythm()
-    for idle in [0.2, 0.9, 0.1] * 6 + [0.8]:  # 6 gaps (a drop of the idle time ends one)
-        rhythm.see(idle)
+    rhythm, now = verdict.Rhythm(), 100.0
+    for _ in range(7):  # progress between every two looks (1 s apart): 6 gaps of ~1 s
+        rhythm.see(0.3, now)
+        now += 1.0
     assert (rhythm.gaps, rhythm.timeout(300.0)) == (6, 300.0)  # too few seen: the cap
-    for idle in [14.0, 0.1] + [0.5, 0.1] * 14:  # a 14 s evaluation among them
-        rhythm.see(idle)
-    assert rhythm.gaps >= 20 and rhythm.longest == 14.0
-    assert rhythm.timeout(300.0) == 70.0
+    assert rhythm.longest == pytest.approx(1.0)
+    for idle in range(1, 15):  # a 14 s evaluation: no progress at these looks, no gap
+        rhythm.see(idle + 0.3, now)
+        now += 1.0
+    assert rhythm.gaps == 6
+    for _ in range(14):  # steps again: the gap that ends first is the evaluation's, 15 s
+        rhythm.see(0.3, now)
+        now += 1.0
+    assert rhythm.gaps >= 20 and rhythm.longest == pytest.approx(15.0)
+    assert rhythm.timeout(300.0) == pytest.approx(75.0)
     assert rhythm.timeout(50.0) == 50.0  # never above the cap
     short = verdict.Rhythm(longest=1.0, gaps=20)
     assert short.timeout(300.0) == 60.0  # never below the floor
