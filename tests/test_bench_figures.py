@@ -242,6 +242,22 @@ def observe() -> list[str]:
     ]
 
 
+def stragglers() -> list[str]:
+    rows = result("stragglers.json")["results"]
+    by = {(r["ranks"], r["run"].split()[0]): r for r in rows}
+    quotes = []
+    for r in rows:
+        named = ", ".join(f"rank {n}" for n in r["named"]) or "none"
+        took = "-" if r["steps_to_name"] is None else str(r["steps_to_name"])
+        quotes.append(f"| {r['ranks']} | {r['run']} | {'yes' if r['right'] else 'NO'} | {named} |"
+                      f" {took} | {r['hang_verdicts']} |")  # fmt: skip
+    quotes.append(
+        f"named {by[(4, 'slowed')]['steps_to_name']} (4 ranks) and"
+        f" {by[(8, 'slowed')]['steps_to_name']} (8 ranks) of its steps"
+    )
+    return quotes
+
+
 def healthy(name: str) -> list[dict[str, Any]]:
     """The healthy 4-node runs of a preflight results file."""
     runs: list[dict[str, Any]] = result(f"{name}.json")["healthy"]
@@ -330,6 +346,7 @@ PAGES: dict[str, Callable[[], list[str]]] = {
     "docs/multi-node.md": multi_node,
     "docs/observe.md": observe,
     "docs/preflight.md": preflight,
+    "docs/stragglers.md": stragglers,
 }
 
 
@@ -354,6 +371,7 @@ TABLES = {
     "docs/multi-node.md": "| job (rank 0 fails once;",
     "docs/observe.md": "| setting |",
     "docs/preflight.md": "| nodes | preflight |",
+    "docs/stragglers.md": "| ranks | run | right |",
 }
 
 
