@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(result, indent=1))
         os.replace(tmp, args.out)
         print(f"rank 0: {json.dumps(result)} written to {args.out}")
+    # Every rank tears gloo down together: a rank that destroys its group while another still
+    # works was seen to abort at exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

@@ -9,6 +9,7 @@ import fcntl
 import itertools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -235,6 +236,28 @@ def no_leftover_processes() -> Iterator[None]:
     for p in left:
         p.kill()
     pytest.fail(f"test left live processes behind: {names}")
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@pytest.fixture(autouse=True)
+def no_signal_state_left() -> Iterator[None]:
+    """Fail any test that leaves this process ignoring or blocking a stop signal (and restore it):
+    every process the later tests start would inherit it, and a Ctrl-C they send would be lost."""
+    handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    now_blocked = signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    changed = {}
+    for sig, handler in handlers.items():
+        if (now := signal.getsignal(sig)) != handler and handler is not None:
+            changed[sig.name] = str(now)
+            signal.signal(sig, handler)
+    if now_blocked != blocked:
+        changed["blocked"] = str(sorted(now_blocked - blocked))
+    if changed:
+        pytest.fail(f"test left the stop signals changed: {changed}")
 
 
 @pytest.fixture(scope="session")
