@@ -338,6 +338,18 @@ class LaunchPlan:
         summary.json, plan.json and the plan table show."""
         return TORCHRUN_RUN_ID if self.run_id is None else self.run_id
 
+    def stragglers_unscored(self) -> str:
+        """Why the straggler score is off ("" when it is on)."""
+        if self.straggler.action is StragglerAction.OFF:
+            return "straggler.action=off"
+        if self.hang.timeout is None:
+            return "the score reads the hang watch's samples (hang.timeout=null)"
+        if not self.entrypoint_bootstrapped:
+            return "the workers do not run through the bootstrap (cmd= or bootstrap=false)"
+        if isinstance(self.rdzv, Static) and self.nnodes.max > 1:
+            return "rdzv=static on several nodes: the nodes share no store of ours"
+        return ""
+
     @property
     def entrypoint_bootstrapped(self) -> bool:
         """Python workers run through the bootstrap (tracebacks, stacks on demand, progress)."""

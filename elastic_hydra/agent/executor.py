@@ -70,9 +70,7 @@ class Executor(CollateralWait, RoundGates):
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
         self.hang = hang if plan.hang.timeout is not None else None
-        # The score reads what the hang watch's sampler in each worker keeps.
-        scored = plan.hang.timeout is not None and plan.straggler.action is not StragglerAction.OFF
-        self.straggler = straggler if scored else None
+        self.straggler = None if plan.stragglers_unscored() else straggler
         if self.hang is not None:  # look at the workers' progress as often as they sample it
             self.check_every = min(self.check_every or plan.hang.sample, plan.hang.sample)
 

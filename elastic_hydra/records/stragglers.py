@@ -12,8 +12,9 @@ import json
 import math
 from dataclasses import dataclass
 
+Key = tuple[str, int]  # a collective: its process group's name, its sequence number there
 MAX_LINE = 512  # bytes of one arrival line read from a rank's file or a node's share
-MAX_ARRIVALS = 400  # read per rank
+MAX_ARRIVALS = 1000  # read per rank (the bootstrap keeps as many)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,8 @@ class Seen:
             return None
         if any(type(t) not in (int, float) or not math.isfinite(t) for t in times):
             return None
+        if not first <= (last if second is None else second) <= last:
+            return None  # the arrivals out of their order: not a collective as ranks saw it
         seen = cls(op, ranks, last_rank, float(last), None if second is None else float(second),
                    float(first))  # fmt: skip
         return group, seq, seen

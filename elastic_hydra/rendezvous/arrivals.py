@@ -15,6 +15,7 @@ What comes from the store is untrusted: size caps, then every item checked (`See
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import threading
 import time
@@ -22,18 +23,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from elastic_hydra.errors import STORE_ERRORS
-from elastic_hydra.records.stragglers import Seen
+from elastic_hydra.records.stragglers import Key, Seen
 
 BARRIERS = 5
 POLL = 0.002  # seconds between looks at a barrier
 OFFSET_WAIT = 30.0  # seconds the nodes get to meet at the barriers
-KEEP = 400  # collectives per node, the newest
+KEEP = 200  # collectives per node, the newest (~20 KB)
 MAX_BYTES = 256 << 10  # of one node's share
 MAX_GROUPS = 64
 _KEY = "elastic_hydra/{run_id}/straggler/{round}/{what}"
 
 Store = Any  # torch.distributed.Store (errors: STORE_ERRORS)
-Key = tuple[str, int]
 
 
 class ArrivalShare:
@@ -72,7 +72,7 @@ class ArrivalShare:
         keys = [self._key(f"seen/{n}") for n in range(self.nodes)]
         try:
             self.store.set(keys[self.node], json.dumps(mine))
-            if not all(self.store.check([k]) for k in keys):
+            if not self.store.check(keys):  # every node's, in one round trip
                 return None
             raws = [bytes(v) for v in self.store.multi_get(keys)]
         except STORE_ERRORS:
@@ -120,10 +120,9 @@ class ArrivalShare:
         try:
             zero = json.loads(raw) if len(raw) < 4096 else None
             if isinstance(zero, list) and len(zero) == len(noted):
-                self.offset = statistics.median(
-                    a - float(b) for a, b in zip(noted, zero, strict=True)
-                )
-        except (ValueError, TypeError):  # not node 0's notes: no offset, no score
+                offset = statistics.median(a - float(b) for a, b in zip(noted, zero, strict=True))
+                self.offset = offset if math.isfinite(offset) else None
+        except (ValueError, TypeError, RecursionError, OverflowError):  # not node 0's notes
             return
 
 
@@ -131,7 +130,7 @@ def _read(raw: bytes) -> tuple[dict[Key, Seen], dict[str, set[int]]] | None:
     """One node's share (untrusted): None when it does not read as one."""
     try:
         data = json.loads(raw) if len(raw) <= MAX_BYTES else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: `[` nested deep
         return None
     if not isinstance(data, dict) or not isinstance(data.get("seen"), list):
         return None

@@ -111,5 +111,5 @@ def _read_ranks(store: Store, key: str) -> list[HangRank] | None:
         if not isinstance(data, list):
             return []
         return [HangRank.from_json(item) for item in data[:MAX_RANKS]]
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: `[` nested deep
         return []

@@ -30,9 +30,9 @@ from elastic_hydra.errors import RendezvousError
 from elastic_hydra.plan import Dynamic, Endpoint, LaunchPlan
 from elastic_hydra.records.failures import FailureRecord
 from elastic_hydra.records.hangs import HangRank
-from elastic_hydra.records.stragglers import Seen
+from elastic_hydra.records.stragglers import Key, Seen
 from elastic_hydra.rendezvous import hang_share, sealed_records, store_keys
-from elastic_hydra.rendezvous.arrivals import ArrivalShare, Key
+from elastic_hydra.rendezvous.arrivals import ArrivalShare
 from elastic_hydra.rendezvous.join_wait import JoinWait
 from elastic_hydra.rendezvous.membership import Membership
 from elastic_hydra.rendezvous.torch_handler import (

@@ -207,19 +207,51 @@ class _StateCodec:
 
     @staticmethod
     def loads(data: bytes) -> Any:
+        if len(data) > MAX_STATE:
+            raise ForeignStateError(f"{len(data)} bytes, more than {MAX_STATE}")
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+        # A pickle may BUILD onto a class it names (setattr on it): torch's two classes are
+        # compared after the load and restored if it changed them (the others are immutable).
+        classes = (dr._RendezvousState, dr._NodeDesc)
+        before = [dict(vars(cls)) for cls in classes]
         try:
             state = _StateUnpickler(io.BytesIO(data)).load()
         except ForeignStateError:
             raise
         except Exception as exc:  # truncated, not a pickle: corrupt, as torch would say
             raise ForeignStateError(f"it does not read ({exc!r:.80})") from None
+        finally:
+            changed = [_restore(cls, was) for cls, was in zip(classes, before, strict=True)]
+        if any(changed):
+            raise ForeignStateError("it changes torch's rendezvous classes")
         _check_state(state)
         return state
+
+
+MAX_STATE = 16 << 20  # bytes of a rendezvous state read (thousands of nodes are far less)
+
+
+def _restore(cls: type, was: dict[str, Any]) -> bool:
+    """Put `cls`'s attributes back as `was` holds them; whether any had changed."""
+    now = dict(vars(cls))
+    changed = False
+    for name in now.keys() - was.keys():
+        delattr(cls, name)
+        changed = True
+    for name, value in was.items():
+        if now.get(name, _restore) is not value:
+            setattr(cls, name, value)
+            changed = True
+    return changed
 
 
 def _check_state(state: Any) -> None:
     """torch's `_RendezvousState`, its fields of their types (nodes as `_NodeDesc`)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+    def aware(t: Any) -> bool:  # torch compares them with datetime.now(timezone.utc)
+        return type(t) is datetime.datetime and t.utcoffset() is not None
 
     def node(n: Any) -> bool:
         return (type(n) is _NodeDesc and type(getattr(n, "addr", None)) is str
@@ -232,14 +264,14 @@ def _check_state(state: Any) -> None:
     checks: dict[str, Callable[[Any], bool]] = {
         "round": lambda v: type(v) is int,
         "complete": lambda v: type(v) is bool,
-        "deadline": lambda v: v is None or type(v) is datetime.datetime,
+        "deadline": lambda v: v is None or aware(v),
         "closed": lambda v: type(v) is bool,
         "participants": lambda v: type(v) is dict and all(node(k) and type(r) is int
                                                           for k, r in v.items()),
         "wait_list": lambda v: type(v) is set and all(map(node, v)),
         "redundancy_list": lambda v: type(v) is set and all(map(node, v)),
         "last_heartbeats": lambda v: type(v) is dict and all(
-            node(k) and type(t) is datetime.datetime for k, t in v.items()
+            node(k) and aware(t) for k, t in v.items()
         ),
     }  # fmt: skip
     bad = [name for name, ok in checks.items() if name not in fields or not ok(fields[name])]

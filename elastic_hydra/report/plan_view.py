@@ -192,12 +192,8 @@ def describe_hang(plan: LaunchPlan) -> str:
 def describe_straggler(plan: LaunchPlan) -> str:
     """Which rank is named a straggler, and what follows."""
     s = plan.straggler
-    if s.action is StragglerAction.OFF:
-        return "not scored (straggler.action=off)"
-    if plan.hang.timeout is None:
-        return "not scored: the score reads the hang watch's samples (hang.timeout=null)"
-    if not plan.entrypoint_bootstrapped:
-        return "not scored: the workers do not run through the bootstrap (cmd= or bootstrap=false)"
+    if why := plan.stragglers_unscored():
+        return f"not scored: {why}"
     then = "end the job, exit 1" if s.action is StragglerAction.FAIL else "nothing is stopped"
     return (
         f"a rank that arrives last at {NAME_SHARE:.0%} or more of its last {s.window} collectives"

@@ -22,11 +22,9 @@ import statistics
 from collections.abc import Iterable, Mapping
 
 from elastic_hydra.plan import CLEAR_SHARE, MIN_SCORED, NAME_SHARE, QUICK_SHARE, RELATIVE
-from elastic_hydra.records.stragglers import Arrival, Change, Score, Seen
+from elastic_hydra.records.stragglers import Arrival, Change, Key, Score, Seen
 
 DEFAULT_GROUP = "0"  # torch's name of the default process group: every rank is in it
-
-Key = tuple[str, int]  # (group, sequence number)
 
 
 def summarize(
@@ -48,33 +46,44 @@ def scores(
     seen: Mapping[Key, Seen], members: Mapping[str, set[int]], window: int, world: int
 ) -> tuple[dict[int, Score], float]:
     """Every rank's score over its groups' last `window` scored collectives, and the job's
-    median interval between consecutive collectives of a group (0 when none)."""
-    size = {g: world if g == DEFAULT_GROUP else len(ranks) for g, ranks in members.items()}
+    median interval between consecutive collectives of a group (0 when none). Ranks outside
+    the world (what another node's share may claim) are left out."""
+    groups = {g: {r for r in ranks if 0 <= r < world} for g, ranks in members.items()}
+    size = {g: world if g == DEFAULT_GROUP else len(ranks) for g, ranks in groups.items()}
     done = sorted(
-        ((s.first, key, s) for key, s in seen.items() if s.ranks >= max(2, size.get(key[0], 0))),
+        ((s.first, key, s) for key, s in seen.items()
+         if s.ranks >= max(2, size.get(key[0], 0)) and 0 <= s.last_rank < world),
         key=lambda item: item[0],
-    )
+    )  # fmt: skip
     gaps: list[float] = []
     previous: dict[str, tuple[int, float]] = {}
     for first, (group, seq), _ in done:
         if previous.get(group, (-2, 0.0))[0] == seq - 1 and first >= previous[group][1]:
             gaps.append(first - previous[group][1])
         previous[group] = (seq, first)
-    ranks = set(range(world)) | {r for g in members.values() for r in g}
+    # Ranks in the same groups share their collectives: each such set is walked once.
+    by_groups: dict[frozenset[str], list[int]] = {}
+    for rank in range(world):
+        mine = frozenset(g for g, ranks in groups.items() if rank in ranks) | {DEFAULT_GROUP}
+        by_groups.setdefault(mine, []).append(rank)
     result = {}
-    for rank in sorted(ranks):
-        mine = [s for _, (g, _), s in done if g == DEFAULT_GROUP or rank in members.get(g, ())]
-        recent = mine[-window:]
-        lasts = [s for s in recent if s.last_rank == rank and s.second is not None]
-        result[rank] = Score(
-            rank=rank,
-            last=len(lasts),
-            of=len(recent),
-            behind=statistics.median(s.last - (s.second or s.last) for s in lasts)
-            if lasts
-            else 0.0,
-            op=statistics.mode(s.op for s in lasts) if lasts else "",
-        )
+    for mine, ranks in by_groups.items():
+        recent = [s for _, (g, _), s in done if g in mine][-window:]
+        lasts: dict[int, list[Seen]] = {}
+        for s in recent:
+            if s.second is not None:
+                lasts.setdefault(s.last_rank, []).append(s)
+        for rank in ranks:
+            own = lasts.get(rank, [])
+            result[rank] = Score(
+                rank=rank,
+                last=len(own),
+                of=len(recent),
+                behind=statistics.median(s.last - (s.second or s.last) for s in own)
+                if own
+                else 0.0,
+                op=statistics.mode(s.op for s in own) if own else "",
+            )
     return result, statistics.median(gaps) if gaps else 0.0
 
 

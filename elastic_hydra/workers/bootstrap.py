@@ -223,7 +223,10 @@ def _note_progress(
                 count = issued
                 os.pwrite(fd, b"%-20d\n" % issued, COLLECTIVES * _LINE)
                 if arrived is not None:
-                    arrived.look(now)
+                    try:
+                        arrived.look(now)
+                    except Exception:  # a full disk, a removed run dir: no more arrivals
+                        arrived = None
             if collectives and os.path.exists(collectives + ".request"):
                 recorder.write_collectives(collectives)
             if stop.acquire(timeout=every):  # released: the worker is exiting

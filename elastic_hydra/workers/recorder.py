@@ -136,7 +136,7 @@ class Arrivals:
     on a loaded core), and EVERY seconds at most: the arrivals of a straggler's steps are all in
     the recorder's ring of recent entries when it is read."""
 
-    KEEP = 200
+    KEEP = 1000  # about 50 KB: what a fast job issues between two throttled reads
     EVERY = 1.0  # seconds between reads at least
     COST_SHARE = 0.005  # of the time: a read that takes 10 ms waits 2 s before the next
 
@@ -178,6 +178,13 @@ class Arrivals:
 def write_whole(path: str, data: bytes) -> None:
     """`data` in `path`, whole or not at all: a reader never sees a half-written file."""
     part = f"{path}.{os.getpid()}.part"
-    with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(data)
-    os.replace(part, path)
+    try:
+        with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            f.write(data)
+        os.replace(part, path)
+    except OSError:
+        try:  # noqa: SIM105 (contextlib is one more import in every worker's start)
+            os.unlink(part)
+        except OSError:
+            pass
+        raise

@@ -38,7 +38,10 @@ def a_state() -> Any:
     a, b = _NodeDesc("node-a", 10, 0), _NodeDesc("node-b", 11, 0)
     state.round, state.complete, state.deadline = 3, True, datetime(2026, 1, 1, tzinfo=UTC)
     state.participants, state.wait_list, state.redundancy_list = {a: 0, b: 1}, {b}, set()
-    state.last_heartbeats = {a: datetime(2026, 1, 1), b: datetime(2026, 1, 2)}
+    state.last_heartbeats = {
+        a: datetime(2026, 1, 1, tzinfo=UTC),
+        b: datetime(2026, 1, 2, tzinfo=UTC),
+    }
     return state
 
 
@@ -73,7 +76,8 @@ def test_anything_else_is_refused_naming_what(data: bytes, why: str) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("round", "3"), ("participants", {"node-a": 0}), ("wait_list", ["x"]),
-     ("last_heartbeats", {}), ("deadline", 5), ("closed", 1)],
+     ("last_heartbeats", {}), ("deadline", 5), ("deadline", datetime(2026, 1, 1)),
+     ("closed", 1)],
 )  # fmt: skip
 def test_a_state_with_a_field_of_another_shape_is_refused(field: str, value: Any) -> None:
     if field == "last_heartbeats":  # a dict of the wrong values
@@ -82,6 +86,31 @@ def test_a_state_with_a_field_of_another_shape_is_refused(field: str, value: Any
         value = {_NodeDesc("n", 1, 0): "yesterday"}
     with pytest.raises(ForeignStateError, match=field):
         _StateCodec.loads(forged(field, value))
+
+
+def test_a_pickle_that_changes_torchs_classes_is_refused_and_they_are_restored() -> None:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    before = dict(vars(_NodeDesc))
+
+    # BUILD onto the class itself, with slot state {"__repr__": None, "planted": 1}.
+    def text(value: str) -> bytes:
+        return pickle.SHORT_BINUNICODE + bytes([len(value)]) + value.encode()
+
+    data = (
+        pickle.PROTO + b"\x04" + text(_NodeDesc.__module__) + text("_NodeDesc")
+        + pickle.STACK_GLOBAL + pickle.NONE + pickle.EMPTY_DICT + pickle.MARK
+        + text("__repr__") + pickle.NONE + text("planted") + pickle.BININT1 + b"\x01"
+        + pickle.SETITEMS + pickle.TUPLE2 + pickle.BUILD + pickle.STOP
+    )  # fmt: skip
+    with pytest.raises(ForeignStateError, match="changes torch's rendezvous classes"):
+        _StateCodec.loads(data)
+    assert dict(vars(_NodeDesc)) == before
+
+
+def test_a_state_too_big_is_refused_unread() -> None:
+    with pytest.raises(ForeignStateError, match="more than"):
+        _StateCodec.loads(b"\x80" * (17 << 20))
 
 
 def test_a_payload_is_refused_before_it_runs(tmp_path: Path) -> None:

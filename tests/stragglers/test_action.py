@@ -11,7 +11,13 @@ from elastic_hydra.agent.events import Straggler
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.agent.seams import NodeAssignment
-from elastic_hydra.plan import HangSpec, StragglerAction, StragglerSpec
+from elastic_hydra.plan import (
+    HangSpec,
+    LaunchPlan,
+    PythonScript,
+    StragglerAction,
+    StragglerSpec,
+)
 from elastic_hydra.records.stragglers import Change, Score
 from elastic_hydra.report.plan_view import describe_straggler
 from tests.agent.test_executor import ALL_SUCCEED, FakeClock, harness, make_plan
@@ -37,10 +43,20 @@ class FakeStragglers:
                        named=True, threshold=0.02)]  # fmt: skip
 
 
+def bootstrapped(plan: LaunchPlan) -> LaunchPlan:
+    """The plan with its script run through the bootstrap (the score reads what it keeps)."""
+    assert isinstance(plan.entrypoint, PythonScript)
+    return dataclasses.replace(
+        plan, entrypoint=dataclasses.replace(plan.entrypoint, bootstrap="/nowhere/bootstrap.py")
+    )
+
+
 @pytest.mark.parametrize("action", [StragglerAction.REPORT, StragglerAction.FAIL])
 def test_report_goes_on_and_fail_ends_the_job_naming_the_rank(action: StragglerAction) -> None:
-    plan = dataclasses.replace(
-        make_plan(), hang=HangSpec(timeout=300.0), straggler=StragglerSpec(action=action)
+    plan = bootstrapped(
+        dataclasses.replace(
+            make_plan(), hang=HangSpec(timeout=300.0), straggler=StragglerSpec(action=action)
+        )
     )
     h = harness(ALL_SUCCEED, plan=plan)
     watch = FakeStragglers(h.clock, 0.0)
@@ -76,7 +92,9 @@ def test_report_goes_on_and_fail_ends_the_job_naming_the_rank(action: StragglerA
 def test_off_or_without_the_hang_watch_the_score_is_never_asked(
     hang: HangSpec, action: StragglerAction
 ) -> None:
-    plan = dataclasses.replace(make_plan(), hang=hang, straggler=StragglerSpec(action=action))
+    plan = bootstrapped(
+        dataclasses.replace(make_plan(), hang=hang, straggler=StragglerSpec(action=action))
+    )
     h = harness(ALL_SUCCEED, plan=plan)
     watch = FakeStragglers(h.clock, 0.0)
     outcome = Executor(
@@ -101,7 +119,7 @@ def test_plan_says_the_rule_or_why_nothing_is_scored() -> None:
         " collectives behind (straggler.behind), is named; cleared under 50% of the last 15;"
         " then report (straggler.action): nothing is stopped"
     )
-    assert shown[("straggler.action=off",)] == "not scored (straggler.action=off)"
+    assert shown[("straggler.action=off",)] == "not scored: straggler.action=off"
     assert "(hang.timeout=null)" in shown[("hang.timeout=null",)]
     assert "(cmd= or bootstrap=false)" in shown[("cmd=/bin/true", "script=null")]
     fail = shown[("straggler.window=20", "straggler.behind=0.05", "straggler.action=fail")]
