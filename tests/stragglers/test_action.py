@@ -9,7 +9,7 @@ import pytest
 
 from elastic_hydra.agent.events import Straggler
 from elastic_hydra.agent.executor import Executor
-from elastic_hydra.agent.outcome import Status
+from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.plan import (
     HangSpec,
@@ -20,7 +20,7 @@ from elastic_hydra.plan import (
 )
 from elastic_hydra.records.stragglers import Change, Score
 from elastic_hydra.report.plan_view import describe_straggler
-from tests.agent.test_executor import ALL_SUCCEED, FakeClock, harness, make_plan
+from tests.agent.test_executor import ALL_SUCCEED, FakeClock, Harness, harness, make_plan
 from tests.conftest import WORKERS
 from tests.harness import plan_of
 
@@ -51,19 +51,21 @@ def bootstrapped(plan: LaunchPlan) -> LaunchPlan:
     )
 
 
-@pytest.mark.parametrize("action", [StragglerAction.REPORT, StragglerAction.FAIL])
-def test_report_goes_on_and_fail_ends_the_job_naming_the_rank(action: StragglerAction) -> None:
-    plan = bootstrapped(
-        dataclasses.replace(
-            make_plan(), hang=HangSpec(timeout=300.0), straggler=StragglerSpec(action=action)
-        )
-    )
-    h = harness(ALL_SUCCEED, plan=plan)
+def run_with(hang: HangSpec, action: StragglerAction) -> tuple[Harness, FakeStragglers, RunOutcome]:
+    """The executor on fakes (both workers succeed), rank 1 named at the first check."""
+    plan = dataclasses.replace(make_plan(), hang=hang, straggler=StragglerSpec(action=action))
+    h = harness(ALL_SUCCEED, plan=bootstrapped(plan))
     watch = FakeStragglers(h.clock, 0.0)
     outcome = Executor(
         h.plan, rendezvous=h.rdzv, workers=h.factory, clock=h.clock, observer=h.observer,
         stop=h.stop, read_failure=h.read_failure, straggler=watch,
     ).run()  # fmt: skip
+    return h, watch, outcome
+
+
+@pytest.mark.parametrize("action", [StragglerAction.REPORT, StragglerAction.FAIL])
+def test_report_goes_on_and_fail_ends_the_job_naming_the_rank(action: StragglerAction) -> None:
+    h, _watch, outcome = run_with(HangSpec(timeout=300.0), action)
     (event,) = h.observer.of(Straggler)
     assert (event.rank, event.named, event.last, event.of, event.action) == (
         1,
@@ -92,15 +94,7 @@ def test_report_goes_on_and_fail_ends_the_job_naming_the_rank(action: StragglerA
 def test_off_or_without_the_hang_watch_the_score_is_never_asked(
     hang: HangSpec, action: StragglerAction
 ) -> None:
-    plan = bootstrapped(
-        dataclasses.replace(make_plan(), hang=hang, straggler=StragglerSpec(action=action))
-    )
-    h = harness(ALL_SUCCEED, plan=plan)
-    watch = FakeStragglers(h.clock, 0.0)
-    outcome = Executor(
-        h.plan, rendezvous=h.rdzv, workers=h.factory, clock=h.clock, observer=h.observer,
-        stop=h.stop, read_failure=h.read_failure, straggler=watch,
-    ).run()  # fmt: skip
+    h, watch, outcome = run_with(hang, action)
     assert (outcome.status, watch.checks, h.observer.of(Straggler)) == (Status.SUCCEEDED, 0, [])
 
 
