@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -241,12 +242,20 @@ def no_leftover_processes() -> Iterator[None]:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
+def _ignored_and_blocked() -> tuple[str, str]:
+    """This process's ignored signals and its main thread's blocked ones, as the kernel has them."""
+    with open(f"/proc/self/task/{os.getpid()}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return fields["SigIgn"].strip(), fields["SigBlk"].strip()
+
+
 @pytest.fixture(autouse=True)
 def no_signal_state_left() -> Iterator[None]:
     """Fail any test that leaves this process ignoring or blocking a stop signal (and restore it):
     every process the later tests start would inherit it, and a Ctrl-C they send would be lost."""
     handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    before_c = _ignored_and_blocked()
     yield
     now_blocked = signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     changed = {}
@@ -258,6 +267,11 @@ def no_signal_state_left() -> Iterator[None]:
         changed["blocked"] = str(sorted(now_blocked - blocked))
     if changed:
         pytest.fail(f"test left the stop signals changed: {changed}")
+    # What C code set, which Python's own record does not show: warned, then put back.
+    if (now_c := _ignored_and_blocked()) != before_c:
+        warnings.warn(f"the C-level signal state changed: {before_c} -> {now_c}", stacklevel=1)
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, handlers[sig] or signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

@@ -917,6 +917,14 @@ train()
 """
 
 
+def _as_from_a_shell() -> None:
+    """In the child, before exec: SIGINT as a shell gives it (default, not blocked), whatever
+    this test process inherited or a library it loaded set at the C level (a Python that
+    starts with SIGINT ignored installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 @pytest.mark.parametrize("bootstrap", [False, True], ids=["python", "bootstrap"])
 def test_sigint_ends_the_worker_as_python_does_without_the_traceback(
     tmp_path: Path, bootstrap: bool
@@ -929,8 +937,9 @@ def test_sigint_ends_the_worker_as_python_does_without_the_traceback(
     script.write_text(INTERRUPTED)
     argv = [sys.executable, "-u", *([BOOTSTRAP] if bootstrap else []), str(script)]
     proc = subprocess.Popen(
-        [*argv, str(ready), str(done)], env=launcher_env(), stderr=subprocess.PIPE
-    )
+        [*argv, str(ready), str(done)], env=launcher_env(), stderr=subprocess.PIPE,
+        preexec_fn=_as_from_a_shell,  # noqa: PLW1509 (two signal calls, no lock taken)
+    )  # fmt: skip
     try:
         wait_for(ready.exists, PLAIN_TIMEOUT, "the script to start")
         proc.send_signal(signal.SIGINT)
