@@ -162,6 +162,7 @@ class LogSpec:
     console_ranks: frozenset[int] | None = None  # local ranks that reach the console; None = all
     prefix: str = DEFAULT_PREFIX
     tail_lines: int = 20
+    merge: float = 1.0  # seconds a console line waits for the same line from other ranks; 0: off
 
 
 # ------------------------------------------------------------------------------------- quarantine

@@ -106,6 +106,11 @@ class LogsConf:
         " several nodes the default is [{host}:{role}{local_rank}]:",
     )
     tail_lines: int = key(20, "lines of a failed worker's stderr shown in the summary")
+    merge: float = key(
+        1.0,
+        "seconds a console line waits for the same line from the node's other ranks, to be"
+        " shown once as [default0-7]:; 0: off (every rank's line with its own prefix)",
+    )
 
 
 @dataclass

@@ -9,12 +9,13 @@ import functools
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
+from elastic_hydra.gpus import format_cpus  # the cpulist form: 0-3,5
 from elastic_hydra.plan import LaunchPlan, PythonModule, PythonScript
 from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir
@@ -65,7 +66,8 @@ class LocalWorkerFactory:
         self.flag = flag
         self.base_env = dict(os.environ)
         self.cwd = os.getcwd()
-        self.sink = None if plan.logs.quiet or not plan.logs.tee else ConsoleSink()
+        quiet = plan.logs.quiet or not plan.logs.tee
+        self.sink = None if quiet else ConsoleSink(merge=plan.logs.merge)
         self.colour = notices.colour(sys.stdout)  # rank prefixes: NO_COLOR turns them off
         self.argv = plan.argv
         self.store_fd: int | None = None  # standalone: rank 0's store listens on it
@@ -90,6 +92,7 @@ class LocalWorkerFactory:
             self.contain,
             hurry=lambda: self.flag.count > 1,  # a second Ctrl-C kills at once
             spawner=self.warm,
+            label=functools.partial(self._merged_prefix, node),
         )
 
     def close(self) -> None:
@@ -177,6 +180,20 @@ class LocalWorkerFactory:
         if node.base_rank + local_rank == 0 and self.store_fd is not None:
             env[STORE_FD_ENV] = str(self.store_fd)  # the bootstrap takes it out again
         return env
+
+    def _merged_prefix(self, node: NodeAssignment, local_ranks: Sequence[int]) -> bytes:
+        """The prefix of a line several ranks printed: the rank fields as spans, `[default0-7]:`
+        (no colour: it is no one rank's)."""
+        spans = {
+            "rank": format_cpus([node.base_rank + lr for lr in local_ranks]),
+            "local_rank": format_cpus(local_ranks),
+        }
+        fields = {"role": self.plan.role, "host": host_name().split(".")[0]}
+        try:
+            text = self.plan.logs.prefix.format(node_rank=node.group_rank, **fields, **spans)
+        except (ValueError, TypeError):  # a number format such as {rank:03d}: the plain form
+            text = f"[{self.plan.role}{spans['local_rank']}]:"
+        return text.encode()
 
     def _prefix(self, node: NodeAssignment, local_rank: int) -> bytes:
         text = self.plan.logs.prefix.format(

@@ -67,6 +67,8 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
         console_text += "local ranks " + ",".join(map(str, sorted(logs.console_ranks)))
     elif logs.tee:
         console_text += f"all ranks, prefix {logs.prefix!r}"
+    if logs.tee and logs.merge > 0 and plan.nproc_per_node > 1:
+        console_text += f"; a line several ranks print within {logs.merge:g} s shown once"
     rows["console"] = console_text
     rows["devices"] = describe_devices(plan)
     rows["timeouts"] = describe_timeouts(plan)

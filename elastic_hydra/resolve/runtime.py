@@ -121,6 +121,7 @@ def _action(key: str, value: str) -> Action:
 
 
 PREFIX_FIELDS = ("role", "rank", "local_rank", "host", "node_rank")
+MAX_MERGE = 60.0  # seconds: a console line held longer than this is no longer live output
 
 
 def resolve_logs(logs: LogsConf, nproc: int, *, several_nodes: bool) -> LogSpec:
@@ -141,12 +142,18 @@ def resolve_logs(logs: LogsConf, nproc: int, *, several_nodes: bool) -> LogSpec:
         prefix = MULTINODE_PREFIX
     if logs.tail_lines < 0:
         raise ConfigError("logs.tail_lines", "is negative", logs.tail_lines, "expected 0 or more")
+    if not 0 <= logs.merge <= MAX_MERGE:  # also NaN
+        raise ConfigError(
+            "logs.merge", "is out of range", logs.merge,
+            f"expected seconds from 0 (off) to {MAX_MERGE:g}, e.g. logs.merge=1",
+        )  # fmt: skip
     return LogSpec(
         tee=logs.tee and not logs.quiet,
         quiet=logs.quiet,
         console_ranks=ranks,
         prefix=prefix,
         tail_lines=logs.tail_lines,
+        merge=logs.merge,
     )
 
 

@@ -17,7 +17,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -26,7 +26,7 @@ from elastic_hydra.errors import LogWriteError, WorkerStartError
 from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
 from elastic_hydra.stopsignals import drain
 from elastic_hydra.workers import procfs
-from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, write_all
+from elastic_hydra.workers.console import ConsoleSink, LinePrefixer, MergeGroup, write_all
 from elastic_hydra.workers.contain import Containment, reap_orphans
 from elastic_hydra.workers.guard import GroupGuard
 from elastic_hydra.workers.notes import tidy_notes
@@ -59,7 +59,11 @@ def _start_error(spec: WorkerSpec, exc: OSError) -> WorkerStartError:
 
 class _Worker:
     def __init__(
-        self, spec: WorkerSpec, sink: ConsoleSink | None, spawner: Spawner | None = None
+        self,
+        spec: WorkerSpec,
+        sink: ConsoleSink | None,
+        spawner: Spawner | None = None,
+        group: MergeGroup | None = None,
     ) -> None:
         self.spec = spec
         _private_dirs(spec.stdout.parent)
@@ -91,7 +95,9 @@ class _Worker:
             for stream, pipe in ((1, self.proc.stdout), (2, self.proc.stderr)):
                 os.set_blocking(pipe.fileno(), False)
                 fold = str(spec.stderr) if stream == 2 else None  # tracebacks: on stderr
-                prefixer = LinePrefixer(spec.prefix, sink, stream, fold_into=fold)
+                prefixer = LinePrefixer(
+                    spec.prefix, sink, stream, fold, rank=spec.local_rank, group=group
+                )
                 self.pipes[pipe.fileno()] = (stream, prefixer, pipe)
         self.exited: Exited | None = None
 
@@ -140,8 +146,13 @@ class LocalWorkers:
         *,
         hurry: Callable[[], bool] = lambda: False,
         spawner: Spawner | None = None,
+        label: Callable[[Sequence[int]], bytes] | None = None,
     ) -> None:
         self._guard = guard
+        self._sink = sink
+        teed = sum(1 for s in specs if s.tee)
+        # Lines several ranks print alike are shown once, with the prefix `label` gives them.
+        self._group = MergeGroup(label, teed) if label is not None and teed > 1 else None
         self._spawner = spawner  # warm starts: workers forked from a template (warm/)
         self._hurry = hurry  # true once the user asked again: skip the rest of the grace
         self._sel = selectors.DefaultSelector()
@@ -164,7 +175,7 @@ class LocalWorkers:
     def _start(
         self, spec: WorkerSpec, sink: ConsoleSink | None, contain: Containment | None
     ) -> None:
-        worker = _Worker(spec, sink, self._spawner)
+        worker = _Worker(spec, sink, self._spawner, self._group)
         self.workers.append(worker)
         if contain is not None:
             contain.add(worker.pid)
@@ -310,6 +321,8 @@ class LocalWorkers:
                 w.proc.wait(timeout=0 if w.exited else 0.1)
             if w.spec.notes is not None and w.proc.returncode is not None:
                 tidy_notes(w.spec.notes)
+        if self._sink is not None:
+            self._sink.flush()  # nothing more joins the lines that wait for other ranks
         self.reap_orphans()
         if self._guard is not None and not any(w.group_alive() for w in self.workers):
             self._guard.forget_all()

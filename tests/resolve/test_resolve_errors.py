@@ -212,6 +212,9 @@ CASES = [
     ),
     case("monitor-interval-zero", [T, "monitor_interval=0"], "monitor_interval", "seconds > 0"),
     case("stop-grace-negative", [T, "stop_grace=-1"], "stop_grace", "got -1.0", "seconds >= 0"),
+    case("logs-merge-negative", [T, "logs.merge=-1"], "logs.merge", "got -1.0", "0 (off) to 60"),
+    case("logs-merge-nan", [T, "logs.merge=nan"], "logs.merge", "got nan", "not a finite number"),
+    case("logs-merge-long", [T, "logs.merge=61"], "logs.merge", "got 61.0", "logs.merge=1"),
     case(
         "on-exit-code-not-a-number",
         [T, "+restart.on_exit_code.abc=fail"],

@@ -39,8 +39,10 @@ class Sink:
     def __init__(self) -> None:
         self.text = b""
 
-    def write(self, stream: int, data: bytes) -> None:
-        self.text += data
+    def lines(
+        self, stream: int, units: list[list[bytes]], rank: int, prefix: bytes, group: object
+    ) -> None:
+        self.text += b"".join(prefix + line + b"\n" for unit in units for line in unit)
 
 
 def shown(*chunks: bytes, fold: str | None = "/run/attempt_0/1/stderr.log") -> bytes:
