@@ -77,6 +77,14 @@ def parse_argv(
     elif w.short_m:
         w.flags.append("-m")
     overrides, notes = _torchrun_overrides(w, environ) if torchrun else (w.overrides, [])
+    if w.script is not None and w.plan is None:
+        theirs = next((a for a in w.script_args or () if a.split("=", 1)[0] == "--plan"), None)
+        if theirs is not None:
+            notes.append(
+                f"{theirs} comes after the script {w.script}, so it goes to the script and this "
+                f"launches the job; to see the plan, put it before the script: "
+                f"elastic-hydra {theirs} ... {w.script}"
+            )
     reads_pet = {"rdzv=kubeflow", "rdzv=auto"} & set(w.overrides)  # those presets read them
     if not torchrun and not reads_pet and (names := pet_in(environ)):
         notes.append(

@@ -34,6 +34,7 @@ from elastic_hydra.errors import (
     ElasticHydraError,
 )
 from elastic_hydra.launch import job
+from elastic_hydra.report import notices
 
 FULL_ERROR_ENV = "ELASTIC_HYDRA_FULL_ERROR"
 T = TypeVar("T")
@@ -72,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             from elastic_hydra.cli.plan import show_plan
 
             sys.exit(_printing(show_plan, inv))
+        notices.console_may_close()  # `| head`: the job goes on to its own end
         code = job.run_command(inv)
     except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
         sys.exit(130)

@@ -24,11 +24,13 @@ from pathlib import Path
 
 from elastic_hydra.errors import EXIT_CONFIG, STORE_ERRORS, ConfigError
 from elastic_hydra.observe.snapshot import Snapshot, run_dir_records, snapshot
+from elastic_hydra.observe.status import JobPhase
 from elastic_hydra.plan import DynamicBackend, Endpoint
 from elastic_hydra.rundir import LOGS_ROOT, running_runs
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 
 REFRESH = 1.0  # seconds between redraws
+_ENDED = (None, JobPhase.DONE)  # no node publishes (stale, or no record yet), or every one ended
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Every rank of a running job, refreshed about once a second.",
     )
     parser.add_argument(
-        "run_dir", nargs="?", help=f"default: the latest running under ./{LOGS_ROOT}"
+        "run_dir", nargs="?", help=f"default: the newest live run under ./{LOGS_ROOT}"
     )
     parser.add_argument("--endpoint", help="HOST:PORT of the job's c10d store (read-only)")
     parser.add_argument("--id", dest="run_id", help="the job's run id (rdzv.id), with --endpoint")
@@ -146,10 +148,19 @@ def _endpoint(text: str) -> Endpoint:
 
 
 def _latest() -> Path:
-    runs = running_runs(Path(LOGS_ROOT))
-    if not runs:
-        raise ConfigError("top", "no running job", f"./{LOGS_ROOT}", "give its run dir")
-    return max(runs, key=lambda r: r.events.stat().st_mtime).root
+    """The newest run under ./eh_logs whose agents still publish, named on stderr."""
+    now = time.time()
+    runs = sorted(running_runs(Path(LOGS_ROOT)), key=lambda r: r.events.stat().st_mtime)
+    live = [r for r in runs if snapshot(run_dir_records(r.root), now).phase not in _ENDED]
+    if not live:
+        dead = f" (the newest, {runs[-1].root}, stopped publishing)" if runs else ""
+        raise ConfigError(
+            "top", f"no live run{dead}", f"./{LOGS_ROOT}",
+            "give a run dir: elastic-hydra top RUN_DIR (elastic-hydra report RUN_DIR for an "
+            "ended one)",
+        )  # fmt: skip
+    print(f"elastic-hydra top: the newest live run, {live[-1].root}", file=sys.stderr)
+    return live[-1].root
 
 
 @contextlib.contextmanager

@@ -22,39 +22,74 @@ _STYLE = {
 }  # fmt: skip
 
 
-def _num(value: float | None, unit: str = "", scale: float = 1.0) -> str:
-    return "-" if value is None else f"{value / scale:.1f}{unit}"
+def _size(value: float | None) -> str:
+    """Bytes in 5 characters or fewer: 512M, 1.5G, 80G."""
+    if value is None:
+        return "-"
+    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if value >= scale:
+            shown = value / scale
+            return f"{shown:.1f}{unit}" if shown < 10 else f"{shown:.0f}{unit}"
+    return f"{value:.0f}B"
+
+
+def _age(value: float | None) -> str:
+    """Seconds in 5 characters or fewer: 12.3s, 42m, 27.8h, 118h."""
+    if value is None:
+        return "-"
+    if value < 100:
+        return f"{value:.1f}s"
+    if value < 6000:
+        return f"{value / 60:.0f}m"
+    hours = value / 3600
+    return f"{hours:.1f}h" if hours < 100 else f"{hours:.0f}h"
+
+
+def _gpu(w: WorkerStatus) -> str:
+    if w.gpu_util is None and w.gpu_mem_bytes is None:
+        return "-"
+    util = "-" if w.gpu_util is None else f"{w.gpu_util:.0f}%"
+    return f"{util} {_size(w.gpu_mem_bytes)}"
 
 
 def table(snap: Snapshot) -> Group:
-    """The snapshot as a heading (the job's phase) and one row per rank."""
+    """The snapshot as a heading (the job's phase), then each node's line and one row per rank;
+    80 columns are enough."""
     phase = snap.phase.value if snap.phase is not None else "unknown"
     head = Text(f"job: {phase}   nodes: {len(snap.nodes)}", style="bold")
     if snap.ignored:
         head.append(f"   ({snap.ignored} record(s) ignored)", style="yellow")
-    grid = Table(box=None, pad_edge=False, header_style="bold")
-    left = ("node", "state", "last progress", "last at", "phase")
-    for name in ("node", "rank", "local", "pid", "state", "idle", "last progress", "last at",
-                 "cpu", "rss", "gpu", "gpu mem", "attempt", "restarts", "phase"):  # fmt: skip
-        grid.add_column(name, justify="left" if name in left else "right")
+    parts: list[Text | Table] = [head]
     for view in snap.nodes:
         r = view.record
-        node = f"{r.node} ({r.node_rank})" if r.node_rank is not None else r.node
-        node_phase = Text("stale", style="bold red") if view.stale else Text(r.phase.value)
+        # What the node does first, its host name last: a long name is cut, never wrapped.
+        line = Text(f"node {r.node if r.node_rank is None else r.node_rank}: ", no_wrap=True,
+                    overflow="ellipsis")  # fmt: skip
+        line.append(*(("stale", "bold red") if view.stale else (r.phase.value, "")))
         if view.stale:
-            node_phase.append(f" {view.age:.0f}s")
+            line.append(f" {view.age:.0f}s")
+        line.append(f"   attempt {r.attempt}   restarts {r.restarts}")
+        if r.node_rank is not None:
+            line.append(f"   {r.node}")
+        parts.append(line)
+        grid = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+        for name in ("rank", "pid", "state", "idle", "progress", "last at", "cpu", "rss", "gpu"):
+            left = name in ("state", "progress", "last at")
+            grid.add_column(
+                name, justify="left" if left else "right", no_wrap=True,
+                max_width=17 if name == "progress" else None, overflow="ellipsis",
+            )  # fmt: skip
         for w in r.workers or ():
             grid.add_row(
-                node, str(w.rank), str(w.local_rank), str(w.pid or "-"),
+                str(w.rank), str(w.pid or "-"),
                 Text(w.state.value, style="dim" if view.stale else _STYLE[w.state]),
-                _num(w.progress_age, "s"), w.progress_via or "-", _last_at(w),
-                _num(w.cpu_percent, "%"),
-                _num(w.rss_bytes, "M", 1 << 20), _num(w.gpu_util, "%"),
-                _num(w.gpu_mem_bytes, "M", 1 << 20), str(r.attempt), str(r.restarts), node_phase,
+                _age(w.progress_age), w.progress_via or "-", _last_at(w),
+                "-" if w.cpu_percent is None else f"{w.cpu_percent:.0f}%",
+                _size(w.rss_bytes), _gpu(w),
             )  # fmt: skip
-        if not r.workers:
-            grid.add_row(node, *["-"] * 11, str(r.attempt), str(r.restarts), node_phase)
-    return Group(head, grid)
+        if r.workers:
+            parts.append(grid)
+    return Group(*parts)
 
 
 def _last_at(w: WorkerStatus) -> Text:
@@ -62,17 +97,18 @@ def _last_at(w: WorkerStatus) -> Text:
     median lateness then; red once it is named a straggler."""
     if w.last_at is None:
         return Text("-")
-    text = f"{w.last_at:.0%}" + (f" +{w.behind * 1000:.0f}ms" if w.behind else "")
+    behind = (
+        ""
+        if not w.behind
+        else (f" +{w.behind * 1000:.0f}ms" if w.behind < 1 else f" +{w.behind:.1f}s")
+    )
+    text = f"{w.last_at:.0%}{behind}"
     return Text(text, style="bold red" if w.straggler else "")
 
 
 def show(snap: Snapshot, console: Console | None = None) -> None:
     """Print one snapshot."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal:  # a pipe or a file: every column, not 80 characters
-            console = Console(width=160)
-    console.print(table(snap))
+    (console or Console()).print(table(snap))
 
 
 def live(read: Callable[[], Snapshot], wait: Callable[[float], bool], every: float = 1.0) -> None:

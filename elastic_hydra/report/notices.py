@@ -6,9 +6,10 @@ a report that needs it (a failure, a plan, a sweep table).
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 from elastic_hydra.agent.events import (
     Event,
@@ -179,3 +180,43 @@ def live() -> bool:
 def _terminal(stream: TextIO) -> bool:
     """A terminal that understands escape sequences (not TERM=dumb)."""
     return stream.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")
+
+
+class _Console:
+    """A standard stream whose reader may go away (`elastic-hydra ... | head -2`, a closed
+    terminal): from then on it writes to /dev/null, and the job goes on to its own end."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self._lost(exc)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self._lost(exc)
+
+    def _lost(self, exc: OSError) -> None:
+        if exc.errno not in (errno.EPIPE, errno.EIO):
+            raise exc
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self._stream.fileno())  # the workers' tee writes there too (os.write)
+        os.close(null)
+        self._stream.flush()  # what was buffered goes nowhere
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def console_may_close() -> None:
+    """From now on a console that stops reading costs console lines, never the job's outcome."""
+    if not isinstance(sys.stdout, _Console):
+        sys.stdout = cast(TextIO, _Console(sys.stdout))
+    if not isinstance(sys.stderr, _Console):
+        sys.stderr = cast(TextIO, _Console(sys.stderr))

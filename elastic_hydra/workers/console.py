@@ -236,18 +236,14 @@ class ConsoleSink:
     def _full(self, size: int) -> bool:
         return self._size > 0 and self._size + size > self.limit
 
-    def flush(self) -> None:
-        """Show what waits for other ranks now (an attempt ended: nothing more will join)."""
+    def flush(self, timeout: float) -> bool:
+        """Show what waits for other ranks now (an attempt ended: nothing more will join it),
+        and let the console take everything queued: up to `timeout` s, and no longer than
+        `stall` s without progress. False if it did not take it all (the rest is dropped)."""
+        deadline = time.monotonic() + timeout
         with self._cond:
             self._released = self._seq
             self._cond.notify_all()
-
-    def close(self, timeout: float) -> bool:
-        """Let the console take what is queued: up to `timeout` s, and no longer than `stall` s
-        without progress. Then say how many lines it missed. False if it did not take them all."""
-        self.flush()
-        deadline = time.monotonic() + timeout
-        with self._cond:
             while self._queues or self._busy:
                 now = time.monotonic()
                 left = min(deadline, self._moved + self.stall) - now
@@ -259,7 +255,11 @@ class ConsoleSink:
                     self._holding.clear()
                     break
                 self._cond.wait(left)
-        drained = not self._busy
+            return not self._busy
+
+    def close(self, timeout: float) -> bool:
+        """Flush (see `flush`), then say how many lines the console missed."""
+        drained = self.flush(timeout)
         self._notice()
         return drained
 

@@ -34,6 +34,7 @@ from elastic_hydra.workers.spawn import Spawner, WorkerProcess, WorkerSpec, pope
 
 _KILL_WAIT = 5.0  # bounded wait for SIGKILLed processes to disappear
 _REAP_EVERY = 1.0  # seconds between looks for ended orphans while the workers run
+_CONSOLE_WAIT = 1.0  # seconds an attempt's end waits for the console to take the workers' lines
 
 
 def _private_dirs(rank_dir: Path) -> None:
@@ -321,8 +322,8 @@ class LocalWorkers:
                 w.proc.wait(timeout=0 if w.exited else 0.1)
             if w.spec.notes is not None and w.proc.returncode is not None:
                 tidy_notes(w.spec.notes)
-        if self._sink is not None:
-            self._sink.flush()  # nothing more joins the lines that wait for other ranks
+        if self._sink is not None:  # the workers' last lines before anything the agent says
+            self._sink.flush(_CONSOLE_WAIT)
         self.reap_orphans()
         if self._guard is not None and not any(w.group_alive() for w in self.workers):
             self._guard.forget_all()

@@ -77,7 +77,7 @@ def test_top_lists_a_running_jobs_ranks_with_their_states(tmp_path: Path) -> Non
         table = run("top", str(root), cwd=tmp_path, timeout=60)
         assert table.returncode == 0, table.stderr
         assert "job: running" in table.stdout and str(pids[2]) in table.stdout
-        assert "last progress" in table.stdout
+        assert "progress" in table.stdout and max(map(len, table.stdout.splitlines())) <= 80
         os.kill(agent.pid, signal.SIGTERM)
         agent.wait(timeout=60)
     after = top_json(str(root), cwd=tmp_path)
@@ -109,7 +109,7 @@ def test_top_refuses_bad_words_in_one_line(tmp_path: Path) -> None:
 
 def test_top_without_a_run_dir_and_no_running_job_says_so(tmp_path: Path) -> None:
     shown = run("top", "--once", cwd=tmp_path, timeout=60)
-    assert shown.returncode == 2 and "no running job" in shown.stderr
+    assert shown.returncode == 2 and "no live run" in shown.stderr
 
 
 def a_run_dir(tmp_path: Path) -> Path:
@@ -161,3 +161,55 @@ def test_top_on_a_terminal_draws_the_table_live_and_quits_cleanly(tmp_path: Path
     assert code == 0, text
     assert "job: done" in text and "node-a" in text and "\x1b[" in text  # colour: a terminal
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
+
+
+def a_node(root: Path, *, written: float, nproc: int = 2, phase_done: bool = False) -> None:
+    """A run dir with one node's record of `nproc` running workers, written at `written`."""
+    tracker = Tracker(node="node-a", nproc=nproc, agent_pid=1, period=2.0)
+    pids = tuple(range(4000, 4000 + nproc))
+    tracker.emit(events.WorkersStarted(wall_time=1.0, mono_time=1.0, pids=pids, attempt=0))
+    if phase_done:
+        tracker.emit(events.Finish(wall_time=1.0, mono_time=1.0, status=Status.SUCCEEDED,
+                                   exit_code=0, reason="", attempts=1))  # fmt: skip
+    root.mkdir(parents=True)
+    (root / "events.jsonl").write_text("")
+    (root / "status.json").write_bytes(encode(tracker.record(now=written, samples={},
+                                                             progress={})))  # fmt: skip
+
+
+def test_top_without_a_run_dir_opens_the_newest_live_run_not_a_dead_one(tmp_path: Path) -> None:
+    logs = tmp_path / "eh_logs"
+    a_node(logs / "live", written=time.time() + 600)  # fresh for the whole test
+    a_node(logs / "killed", written=time.time() - 600)  # an agent SIGKILLed: stale, no summary
+    os.utime(logs / "live" / "events.jsonl", (1, 1))  # the dead one is the newer
+    shown = run("top", "--once", "--json", cwd=tmp_path, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stderr == f"elastic-hydra top: the newest live run, {Path('eh_logs/live')}\n"
+    assert json.loads(shown.stdout)["phase"] == "running"
+    (logs / "live" / "summary.json").write_text("{}")  # it ended
+    gone = run("top", "--once", cwd=tmp_path, timeout=60)
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1, gone.stderr
+    assert f"no live run (the newest, {Path('eh_logs/killed')}, stopped publishing)" in gone.stderr
+
+
+def test_top_fits_80_columns_with_64_ranks_and_every_field_at_its_widest(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    a_node(root, written=time.time() + 600, nproc=64)
+    record = json.loads((root / "status.json").read_text())
+    for w in record["workers"]:
+        w.update(rank=w["rank"] + 1000, state="restarting", progress_age=99999.9,
+                 progress_via="collective #123456789", last_at=1.0, behind=9.999, pid=4194304,
+                 cpu_percent=1600.0, rss_bytes=999 << 30, gpu_util=100.0,
+                 gpu_mem_bytes=141 << 30)  # fmt: skip
+    record["node"] = "a-rather-long-host-name.cluster.example.org"
+    (root / "status.json").write_text(json.dumps(record))
+    shown = run("top", str(root), "--once", cwd=tmp_path, env={"COLUMNS": "80"}, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, shown.stdout
+    assert len(lines) == 3 + 64  # the job, the node, the header, one row a rank: none wrapped
+    assert (
+        "collective #1234" in shown.stdout
+        and "999G" in shown.stdout
+        and "100% 141G" in shown.stdout
+    )

@@ -418,3 +418,13 @@ def test_the_script_after_dashes_is_torchruns_with_its_flags_only() -> None:
     plain = parse("nproc_per_node=2", "--", "train.py")
     assert not plain.torchrun and plain.script_args == ("train.py",)
     assert parse("--nproc-per-node=2", "--", "--lr").script_args == ("--lr",)
+
+
+def test_plan_after_the_script_goes_to_the_script_with_one_note() -> None:
+    inv = parse("--nproc-per-node=2", "train.py", "--lr", "0.1", "--plan=json")
+    assert inv.plan is None and inv.script_args == ("--lr", "0.1", "--plan=json")
+    (note,) = inv.notes
+    assert note.startswith("--plan=json comes after the script train.py, so it goes to the script")
+    assert parse("--plan", "train.py", "--plan").notes == ()  # the plan is shown: nothing runs
+    assert parse("train.py", "--planner").notes == ()
+    assert parse("script=train.py", "--", "--plan").notes == ()  # after --: the user said so
