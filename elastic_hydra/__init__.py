@@ -12,6 +12,7 @@ The folders, from the user down (each `__init__` says what it owns):
     rendezvous/  how nodes meet and what they share (the only torch user)
     hangs/       progress watch and verdict, across nodes
     stragglers/  the rank that arrives last at the collectives, named while the job runs
+    failures/    a failure's class (user_error, oom_host, comm, hardware ...) and its evidence
     report/      failure files, summary, rendering, notices
     sweeps/      the pool launcher's engine and its view
     observe/     a running job watched: status records, `top`, metrics

@@ -15,7 +15,9 @@ EXIT_OK = 0
 EXIT_WORKERS_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_RENDEZVOUS = 3
-EXIT_PREFLIGHT_NODE = 4  # this node failed its preflight and left the job before training
+# This node left the job for a fault of its own: its preflight, or a hardware failure of its
+# workers (restart.on_class.hardware=exclude); the other nodes go on where nnodes' MIN allows.
+EXIT_PREFLIGHT_NODE = 4
 EXIT_PREFLIGHT_JOB = 5  # another node failed its preflight; too few nodes remain to train
 EXIT_QUARANTINED = 6  # this node is in the quarantine ledger: it left before the rendezvous
 EXIT_BUG = 70  # a bug in elastic-hydra, and nothing else (sysexits' EX_SOFTWARE)

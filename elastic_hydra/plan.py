@@ -122,6 +122,44 @@ class Action(enum.Enum):
     FAIL = "fail"
 
 
+class FailureClass(enum.StrEnum):
+    """What kind of failure it was, as far as the agent can tell (`failures.classify`); the
+    restart policy acts on it (`restart.on_class`)."""
+
+    USER_ERROR = "user_error"  # deterministic: an import or syntax error, a bad path, a repeat
+    OOM_HOST = "oom_host"  # the kernel's OOM killer (or MemoryError)
+    OOM_GPU = "oom_gpu"  # CUDA out of memory
+    COMM = "comm"  # a lost peer, an NCCL or gloo error
+    HARDWARE = "hardware"  # a GPU Xid, an ECC error
+    HANG = "hang"  # the hang watch's verdict
+    PREEMPTED = "preempted"  # the agent was told to stop (SIGTERM, SIGINT, scancel, a pod's end)
+    NODE_LOST = "node_lost"  # a node of the job left or died
+    INFRA = "infra"  # a full disk, the rendezvous store lost
+    UNKNOWN = "unknown"  # nothing tells: the restart policy alone decides
+
+
+class ClassAction(enum.Enum):
+    """What the restart policy does with a class of failure (`restart.on_class`)."""
+
+    RETRY = "retry"  # the restart policy's budget, window and backoff decide
+    ONCE = "once"  # retried; the same failure again (class, exception, frame) is not
+    FAIL = "fail"  # never retried
+    EXCLUDE = "exclude"  # this node leaves the job (into the quarantine ledger, where one is set)
+
+
+# What each class does unless restart.on_class says otherwise.
+DEFAULT_ON_CLASS: dict[FailureClass, ClassAction] = {
+    FailureClass.USER_ERROR: ClassAction.ONCE,
+    FailureClass.OOM_HOST: ClassAction.ONCE,
+    FailureClass.OOM_GPU: ClassAction.ONCE,
+    FailureClass.COMM: ClassAction.RETRY,
+    FailureClass.HARDWARE: ClassAction.EXCLUDE,
+    FailureClass.HANG: ClassAction.RETRY,
+    FailureClass.INFRA: ClassAction.ONCE,
+    FailureClass.UNKNOWN: ClassAction.RETRY,
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Backoff:
     """Delay before restart k >= 1: min(initial * multiplier**(k-1), maximum), then +- jitter."""
@@ -148,6 +186,11 @@ class RestartSpec:
     on_exit_code: tuple[tuple[int, Action], ...] = ()
     on_signal: tuple[tuple[int, Action], ...] = ()
     fail_fast_seconds: float = 0.0
+    # Every class the policy acts on, with its action (DEFAULT_ON_CLASS, then restart.on_class).
+    on_class: tuple[tuple[FailureClass, ClassAction], ...] = tuple(DEFAULT_ON_CLASS.items())
+
+    def class_action(self, found: FailureClass) -> ClassAction:
+        return dict(self.on_class).get(found, ClassAction.RETRY)
 
 
 # --------------------------------------------------------------------------------------------- logs

@@ -1,6 +1,7 @@
 """What the tests need of the host, checked once at the session's start (`pytest_report_header`)
 and named one line per missing item: root, cgroup v1's `cpu` controller and a cgroup v2 mount,
-`tc` with htb, network namespaces, `mount`, and a writable /etc/hosts."""
+a memory cgroup (v1's `memory` controller), a readable kernel log (`/dev/kmsg`), `tc` with htb,
+network namespaces, `mount`, and a writable /etc/hosts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 from pathlib import Path
 
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+KMSG = Path("/dev/kmsg")
 MOUNTS = Path("/proc/self/mounts")
 HOSTS = Path("/etc/hosts")
 
@@ -19,6 +22,8 @@ def missing(
     cpu: Path = CGROUP_V1_CPU,
     mounts: Path = MOUNTS,
     hosts: Path = HOSTS,
+    memory: Path = CGROUP_V1_MEMORY,
+    kmsg: Path = KMSG,
     euid: int | None = None,
 ) -> list[str]:
     """One line per need this host does not meet (empty: every test can run here)."""
@@ -33,6 +38,10 @@ def missing(
         kinds = set()
     if "cgroup2" not in kinds:
         lines.append(f"no cgroup v2 mount in {mounts} (containment's cgroup=on tests)")
+    if not (memory / "memory.limit_in_bytes").exists():
+        lines.append(f"no cgroup v1 memory controller at {memory} (the host OOM tests)")
+    if not os.access(kmsg, os.R_OK | os.W_OK):
+        lines.append(f"{kmsg} is not readable and writable (the kernel log of failure classes)")
     if shutil.which("tc") is None or not _runs(["tc", "qdisc", "add", "htb", "help"], "htb"):
         lines.append("no `tc` with htb (iproute2: the slow-link preflight tests)")
     if shutil.which("ip") is None or not _runs(["ip", "netns", "list"]):

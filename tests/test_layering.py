@@ -43,6 +43,7 @@ FOLDERS: dict[str, set[str]] = {
                "quarantine",  # the status publisher and metrics; the ledger's gate
                "preflight",  # the battery between a round and the workers
                "stragglers",  # the straggler watch beside the hang watch
+               "failures",  # a failed worker's class, from its record and the kernel log
                "warm"},
     "agent": set(),
     "workers": {"agent"},
@@ -56,6 +57,7 @@ FOLDERS: dict[str, set[str]] = {
     "preflight": {"agent"},
     "stragglers": {"agent"},  # the watch's seams (JobShare, NodeAssignment)
     "schedulers": set(),
+    "failures": set(),  # the classifier on records; the kernel log's reader
     RECORDS: set(),  # imports the root only; every folder may import it, as it may the root
     ROOT: set(),  # imports no folder, records/ included
 }  # fmt: skip
@@ -64,6 +66,7 @@ PURE_FOLDERS = ("agent", "torchrun", "schedulers", "records")
 PURE_ROOT = ("plan", "errors", "jsonrecord", "tracebacks", "gpus", "redact", "durations")
 PURE_MORE = (
     "hangs.verdict",
+    "failures.classify",
     "stragglers.score",
     "rendezvous.sealed_records",
     "report.goodput",

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeAlias, TypedDict
 
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.jsonrecord import checked, plain
-from elastic_hydra.plan import HangAction, StragglerAction
+from elastic_hydra.plan import FailureClass, HangAction, StragglerAction
 
 FORMAT = 1  # the format this release writes, and the newest it reads
 
@@ -159,6 +159,13 @@ class Restart(_Event):
     delay: float  # seconds before the new attempt
     restart: int  # the restart's number, from 1
     rank: int | None  # the root cause's rank; None: the workers hung
+    failure_class: FailureClass = FailureClass.UNKNOWN  # the root cause's (left out: unknown)
+
+    def to_json(self) -> dict[str, Any]:
+        line = _Event.to_json(self)
+        if self.failure_class is FailureClass.UNKNOWN:
+            del line["failure_class"]
+        return line
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,6 +280,13 @@ class Finish(_Event):
     exit_code: int
     reason: str
     attempts: int
+    failure_class: FailureClass | None = None  # what the run ended on (left out when None)
+
+    def to_json(self) -> dict[str, Any]:
+        line = _Event.to_json(self)
+        if self.failure_class is None:
+            del line["failure_class"]
+        return line
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

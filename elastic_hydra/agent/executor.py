@@ -30,10 +30,26 @@ from elastic_hydra.agent.seams import (
     WorkerGroupFactory,
 )
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
-from elastic_hydra.plan import Action, HangAction, LaunchPlan, Standalone, Static, StragglerAction
+from elastic_hydra.plan import (
+    Action,
+    FailureClass,
+    HangAction,
+    LaunchPlan,
+    Standalone,
+    Static,
+    StragglerAction,
+)
 from elastic_hydra.records.failures import FailureRecord, WorkerExit, describe_returncode
 from elastic_hydra.records.hangs import HangRecord
 
+# The class of a run that ends this way, where the way tells it (a failure's is decided by
+# `failures.classify` and acted on in `_restart`; a lost rendezvous's in `_membership`).
+_ENDED_CLASS = {
+    Ended.STOPPED: FailureClass.PREEMPTED,
+    Ended.LOGS_FAILED: FailureClass.INFRA,
+    Ended.HUNG: FailureClass.HANG,
+    Ended.HUNG_FAIL: FailureClass.HANG,
+}
 STOP_SIGNAL_WINDOW = 0.5  # seconds a worker's death by a stop signal waits for the agent's own
 _STOP_SIGNAL_NAMES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
 
@@ -112,6 +128,7 @@ class Executor(CollateralWait, RoundGates):
             ended, reason = self._monitor(group, node)
             self._stop_group(group, ended, reason)
             self.state.attempts += 1
+            self.state.failure_class = _ENDED_CLASS.get(ended, self.state.failure_class)
             if ended is Ended.SUCCEEDED:
                 return self._finish(Status.SUCCEEDED, reason)
             if ended is Ended.STOPPED:
@@ -122,8 +139,8 @@ class Executor(CollateralWait, RoundGates):
                 return self._finish(Status.RENDEZVOUS_FAILED, reason)
             if ended in (Ended.HUNG_FAIL, Ended.STRAGGLER_FAIL):
                 return self._finish(Status.FAILED, reason)
-            if ended in (Ended.FAILED, Ended.HUNG) and not self._restart(started, ended):
-                return self._finish(Status.FAILED, self.state.reason)
+            if ended in (Ended.FAILED, Ended.HUNG) and (out := self._restart(started, ended)):
+                return out
 
     def _rendezvous(self) -> NodeAssignment:
         self.observer.emit(events.Joining(**self._now(), attempt=self.state.attempts))
@@ -240,6 +257,7 @@ class Executor(CollateralWait, RoundGates):
         try:
             change = self.rdzv.poll()
         except RendezvousError as exc:
+            self.state.failure_class = FailureClass.INFRA  # the store is gone
             return Ended.RENDEZVOUS_LOST, str(exc)
         if change is None:
             return None
@@ -259,6 +277,7 @@ class Executor(CollateralWait, RoundGates):
             case ChangeKind.CLOSED:
                 return Ended.ENDED_ELSEWHERE, change.reason
             case ChangeKind.LEFT if change.nodes < self.plan.nnodes.min:
+                self.state.failure_class = FailureClass.NODE_LOST
                 return Ended.RENDEZVOUS_LOST, (
                     f"{change.reason}; {change.nodes} node(s) remain, fewer than the "
                     f"nnodes minimum {self.plan.nnodes.min}. Start more nodes, or lower MIN "
@@ -334,18 +353,27 @@ class Executor(CollateralWait, RoundGates):
                 )
             )
 
-    def _restart(self, started: float, ended: Ended) -> bool:
+    def _restart(self, started: float, ended: Ended) -> RunOutcome | None:
+        """Restart the workers (None), or how the run ends: the policy's decision, one line."""
         if ended is Ended.HUNG:  # a hang counts as a failure (exit 1) found now
             rank: int | None = None
             failure = restart_policy.Failure(
-                returncode=1, attempt_runtime=self.clock.mono() - started, hung=True
+                returncode=1,
+                attempt_runtime=self.clock.mono() - started,
+                hung=True,
+                failure_class=FailureClass.HANG,
             )
         else:
             cause = root_cause(self.state.exits)
             assert cause is not None
             rank = cause.rank
+            record = self._failure(cause)
             failure = restart_policy.Failure(
-                returncode=cause.returncode, attempt_runtime=cause.mono_time - started
+                returncode=cause.returncode,
+                attempt_runtime=cause.mono_time - started,
+                failure_class=record.failure_class,
+                evidence=record.evidence,
+                repeat_of=record.repeat_of,
             )
         decision = restart_policy.decide(
             self.plan.restart,
@@ -355,9 +383,11 @@ class Executor(CollateralWait, RoundGates):
             now=self.clock.mono(),
             u=self.clock.random(),
         )
-        self.state.reason = decision.reason
+        self.state.failure_class = failure.failure_class
+        if decision.exclude:
+            return self._leave(decision.reason, failure.evidence)
         if decision.action is Action.FAIL:
-            return False
+            return self._finish(Status.FAILED, decision.reason)
         self.observer.emit(
             events.Restart(
                 **self._now(),
@@ -365,19 +395,29 @@ class Executor(CollateralWait, RoundGates):
                 delay=decision.delay,
                 restart=self.state.restarts + 1,
                 rank=rank,
+                failure_class=failure.failure_class,
             )
         )
         self.clock.sleep(decision.delay)
         if self.stop_request.signum is not None:
-            return True  # stopped during the backoff: the loop reports it; no new attempt
+            return None  # stopped during the backoff: the loop reports it; no new attempt
         self.state.restarts += 1
         self.state.restart_times.append(self.clock.mono())
-        return True
+        return None
+
+    def _leave(self, reason: str, evidence: str) -> RunOutcome:
+        """This node leaves the job for a hardware fault (`restart.on_class`): into the
+        quarantine ledger where one is set; the other nodes go on without it where nnodes' MIN
+        allows (its leaving is a membership change to them)."""
+        kept = self.admission.exclude(evidence) if self.admission is not None else None
+        where = kept or "no quarantine ledger keeps it out of later jobs (quarantine.ledger)"
+        return self._finish(Status.EXCLUDED, f"{reason}; {where}")
 
     def _stopped(self) -> RunOutcome | None:
         signum = self.stop_request.signum
         if signum is None:
             return None
+        self.state.failure_class = FailureClass.PREEMPTED
         self._signalled(signum)
         return self._finish(Status.STOPPED, f"received {signal.Signals(signum).name}", signum)
 
@@ -394,6 +434,7 @@ class Executor(CollateralWait, RoundGates):
             hang=self.state.hang,
             peer_failures=tuple(self.state.peers),
             preflight=self.state.preflight,
+            failure_class=None if status is Status.SUCCEEDED else self.state.failure_class,
         )
         self.observer.emit(
             events.Finish(
@@ -402,6 +443,7 @@ class Executor(CollateralWait, RoundGates):
                 exit_code=outcome.exit_code,
                 reason=reason,
                 attempts=outcome.attempts,
+                failure_class=outcome.failure_class,
             )
         )
         return outcome

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.plan import FailureClass
 from elastic_hydra.records.failures import FailureRecord, PeerFailure, WorkerExit
 from elastic_hydra.records.hangs import HangRecord
 from elastic_hydra.records.preflight import PreflightVerdict
@@ -38,7 +39,7 @@ class LoopState:
     failures: dict[tuple[int, int], FailureRecord] = field(default_factory=dict)
     stuck: list[int] = field(default_factory=list)
     node: NodeAssignment | None = None
-    reason: str = ""
+    failure_class: FailureClass | None = None  # of the failure the run ends on, once known
     hang: HangRecord | None = None
     peers: list[PeerFailure] = field(default_factory=list)
     preflight: PreflightVerdict | None = None

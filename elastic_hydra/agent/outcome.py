@@ -18,6 +18,7 @@ from elastic_hydra.errors import (
     EXIT_RENDEZVOUS,
     EXIT_WORKERS_FAILED,
 )
+from elastic_hydra.plan import FailureClass
 from elastic_hydra.records.failures import FailureRecord, PeerFailure, WorkerExit, root_cause_of
 from elastic_hydra.records.hangs import HangRecord
 from elastic_hydra.records.preflight import PreflightVerdict
@@ -44,6 +45,7 @@ class Status(enum.StrEnum):
     QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it did not join
     PREFLIGHT_FAILED = "preflight_failed"  # this node failed its preflight: it leaves the job
     PREFLIGHT_STOPPED = "preflight_stopped"  # others failed theirs; too few nodes remain
+    EXCLUDED = "excluded"  # a hardware fault: this node left the job (restart.on_class)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +63,7 @@ class RunOutcome:
     hang: HangRecord | None = None  # the last hang found
     peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
     preflight: PreflightVerdict | None = None  # the last round's preflight verdict
+    failure_class: FailureClass | None = None  # what the run ended on; None: it did not fail
 
     @property
     def root_cause(self) -> WorkerExit | None:
@@ -77,7 +80,7 @@ class RunOutcome:
                 return EXIT_RENDEZVOUS
             case Status.QUARANTINED:
                 return EXIT_QUARANTINED
-            case Status.PREFLIGHT_FAILED:
+            case Status.PREFLIGHT_FAILED | Status.EXCLUDED:
                 return EXIT_PREFLIGHT_NODE
             case Status.PREFLIGHT_STOPPED:
                 return EXIT_PREFLIGHT_JOB

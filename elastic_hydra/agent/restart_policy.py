@@ -11,7 +11,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from elastic_hydra.plan import Action, Backoff, RestartSpec
+from elastic_hydra.plan import Action, Backoff, ClassAction, FailureClass, RestartSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,6 +21,9 @@ class Failure:
     returncode: int  # Popen-style: >0 exit code, <0 killed by signal -returncode
     attempt_runtime: float  # seconds from the attempt's start to the failure
     hung: bool = False  # a hang verdict (hang.action=restart), counted as exit code 1
+    failure_class: FailureClass = FailureClass.UNKNOWN
+    evidence: str = ""  # what decided the class
+    repeat_of: int | None = None  # the earlier attempt that ended the same way
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +33,7 @@ class Decision:
     action: Action  # Action.RETRY or Action.FAIL
     delay: float  # seconds to wait before restarting (0 for FAIL)
     reason: str  # one human sentence naming the config key that would change it
+    exclude: bool = False  # FAIL because this node leaves the job (restart.on_class: exclude)
 
 
 def backoff_delay(backoff: Backoff, restart_number: int, u: float) -> float:
@@ -86,6 +90,11 @@ def decide(
         The decision, with a one-sentence reason.
     """
     what = "a hang (counted as exit code 1)" if failure.hung else _describe(failure.returncode)
+    rule, _ = _matching_rule(spec, failure.returncode)
+    if rule is None and (by_class := _class_decision(spec, failure)) is not None:
+        return by_class
+    if failure.failure_class not in (FailureClass.UNKNOWN, FailureClass.HANG):
+        what = f"{what} ({_classed(failure)})"
     refusal = _rule_refusal(spec, failure, what) or _limit_refusal(
         spec, what, restarts_done, restart_times, now
     )
@@ -94,6 +103,35 @@ def decide(
     delay = backoff_delay(spec.backoff, restarts_done + 1, u)
     reason = f"restart {restarts_done + 1} of {spec.max_restarts} after {what}, in {_secs(delay)} s"
     return Decision(action=Action.RETRY, delay=delay, reason=reason)
+
+
+def _class_decision(spec: RestartSpec, failure: Failure) -> Decision | None:
+    """Not retried for its class (`restart.on_class`), or None for the rest of the policy to
+    decide. A rule for its exit code or signal wins over its class (the caller checks)."""
+    found = failure.failure_class
+    action = spec.class_action(found)
+    key = f"restart.on_class.{found.value}={action.value}"
+    why = failure.evidence or _describe(failure.returncode)
+    if action is ClassAction.FAIL:
+        return Decision(
+            action=Action.FAIL, delay=0.0, reason=f"not retried: {why} ({found}; {key})"
+        )
+    if action is ClassAction.ONCE and failure.repeat_of is not None:
+        return Decision(
+            action=Action.FAIL, delay=0.0, reason=f"not retried: {why} ({found}; {key})"
+        )
+    if action is ClassAction.EXCLUDE:
+        return Decision(
+            action=Action.FAIL, delay=0.0, exclude=True,
+            reason=f"this node leaves the job: {why} ({found}; {key})",
+        )  # fmt: skip
+    return None
+
+
+def _classed(failure: Failure) -> str:
+    """`user_error: ImportError at train.py:3`, or the class alone."""
+    found = failure.failure_class.value
+    return f"{found}: {failure.evidence}" if failure.evidence else found
 
 
 def _rule_refusal(spec: RestartSpec, failure: Failure, what: str) -> str | None:

@@ -146,6 +146,10 @@ class Admission(Protocol):
     def refusal(self) -> Refusal | None:
         """Why this node may not join the next round, or None to join."""
 
+    def exclude(self, evidence: str) -> str:
+        """Keep this node out of later rounds and jobs for a fault of its own (`evidence`); one
+        line that says where, or why it could not."""
+
 
 class NodeExchange(Protocol):
     """The round's nodes swap one value each (the preflight's results) through the round's store."""

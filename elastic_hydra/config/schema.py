@@ -89,6 +89,9 @@ class RestartConf:
     window_seconds: float | None = key(None, "the window of window_restarts (set both or neither)")
     on_exit_code: dict[Any, str] = key({}, "retry or fail per exit code, e.g. {3: fail}")
     on_signal: dict[Any, str] = key({}, "retry or fail per signal, e.g. {SIGKILL: fail}")
+    on_class: dict[str, str] = key(
+        {}, "retry, once, fail or exclude per failure class, e.g. {user_error: fail}"
+    )
     fail_fast_seconds: float = key(
         0.0, "a failure this soon after an attempt starts stops the job; 0 = off"
     )
@@ -280,7 +283,10 @@ def register() -> None:
     node = OmegaConf.structured(ElasticHydraConf)
     # Open the free-form mappings so `env.NCCL_DEBUG=INFO`, `hp.lr=0.1` and
     # `restart.on_signal.SIGKILL=fail` need no `+`.
-    for mapping in (node.env, node.hp, node.restart.on_exit_code, node.restart.on_signal):
+    for mapping in (
+        node.env, node.hp, node.restart.on_exit_code, node.restart.on_signal,
+        node.restart.on_class,
+    ):  # fmt: skip
         OmegaConf.set_struct(mapping, False)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=node)
 

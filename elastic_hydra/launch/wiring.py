@@ -19,6 +19,8 @@ from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import JobFailures, NodeExchange, Preflight, Rendezvous
 from elastic_hydra.errors import EXIT_BUG, ConfigError
+from elastic_hydra.failures import kernel
+from elastic_hydra.failures.classify import Classifier
 from elastic_hydra.hangs.watch import LocalHangWatch
 from elastic_hydra.launch import observing
 from elastic_hydra.launch.worker_factory import LocalWorkerFactory
@@ -84,9 +86,20 @@ def make_rendezvous(plan: LaunchPlan, flag: StopFlag) -> NodesRendezvous:
     return TorchRendezvous(plan, flag, notices.say, notices.status if notices.live() else None)
 
 
-def _read_failure(run: RunDir, tail_lines: int, exit: WorkerExit) -> FailureRecord:
-    """A failed worker's record, read from its files (the executor keeps it: read once)."""
-    return read_failure(run, exit, host=_host(), tail_lines=tail_lines)
+# How far back the kernel log is read for a failure: an OOM kill comes just before its exit, a GPU
+# Xid may come minutes before the CUDA call that fails on it.
+KERNEL_LOOKBACK = 600.0
+
+
+def _read_failure(
+    run: RunDir, tail_lines: int, classify: Classifier, exit: WorkerExit
+) -> FailureRecord:
+    """A failed worker's record, read from its files and classed with what the kernel log tells
+    (the executor keeps it: read once)."""
+    record = read_failure(run, exit, host=_host(), tail_lines=tail_lines)
+    if record.terminated_by_launcher:
+        return record
+    return classify(record, kernel.since(exit.mono_time - KERNEL_LOOKBACK))
 
 
 @contextmanager
@@ -173,7 +186,9 @@ def _execute(
             stop=flag,
             hang=hang,
             straggler=straggler,
-            read_failure=functools.partial(_read_failure, run_dir, plan.logs.tail_lines),
+            read_failure=functools.partial(
+                _read_failure, run_dir, plan.logs.tail_lines, Classifier()
+            ),
             admission=quarantine_gate(plan, os.environ),
             preflight=_battery(plan, run_dir, rdzv, factory, flag),
         ).run()
@@ -217,6 +232,8 @@ def quarantine_gate(plan: LaunchPlan, environ: Mapping[str, str]) -> LedgerGate 
         gpus=frozenset(used),
         slurm=bool(environ.get("SLURM_JOB_ID")),
         warn=notices.warn,
+        cooldown=plan.quarantine.cooldown,
+        job=plan.torch_run_id,
     )
 
 

@@ -13,6 +13,8 @@ the node's name, ranks, states and causes: never a value of the job's config or 
     elastic_hydra_phase{node,phase}                            1 for the node's phase, else 0
     elastic_hydra_attempt{node}
     elastic_hydra_restarts_total{node,cause}                   cause: failure, hang
+    elastic_hydra_failures_total{node,class}                   each failure acted on (a restart,
+                                                               the end), by its failure class
     elastic_hydra_hang_verdicts_total{node,action}             action: report, restart, fail
     elastic_hydra_membership_changes_total{node,change}        change: joined, left, closed
     elastic_hydra_rendezvous_rounds_total{node}
@@ -53,6 +55,9 @@ class StatusCollector(Collector):
             "attempt", "the current start of the worker group, from 0", node, record.attempt
         )
         yield _counter("restarts", "restarts by cause", node, "cause", counts.restarts)
+        yield _counter(
+            "failures", "failures acted on, by failure class", node, "class", counts.failures
+        )
         yield _counter("hang_verdicts", "hang verdicts by action", node, "action", counts.hangs)
         yield _counter(
             "membership_changes", "membership changes by kind", node, "change", counts.membership

@@ -177,6 +177,7 @@ class Counts:
     """What happened so far, by kind (the metrics' counters)."""
 
     restarts: dict[str, int] = field(default_factory=dict)  # by cause: failure, hang
+    failures: dict[str, int] = field(default_factory=dict)  # acted on (restart, end), by class
     hangs: dict[str, int] = field(default_factory=dict)  # verdicts, by action
     membership: dict[str, int] = field(default_factory=dict)  # by change: joined, left, closed
     rounds: int = 0
@@ -229,6 +230,7 @@ class Tracker:
             case events.Restart():
                 self.phase, self.restarts = JobPhase.RESTARTING, event.restart
                 self._bump(self.counts.restarts, "failure" if event.rank is not None else "hang")
+                self._bump(self.counts.failures, event.failure_class.value)
                 self._all(WorkerState.RESTARTING)
             case events.MembershipChange():
                 self._bump(self.counts.membership, event.change.value)
@@ -249,6 +251,8 @@ class Tracker:
                 self.phase = JobPhase.STOPPING
             case events.Finish():
                 self.phase, self.status = JobPhase.DONE, event.status
+                if event.failure_class is not None:
+                    self._bump(self.counts.failures, event.failure_class.value)
                 self._all(WorkerState.STOPPED, only=WorkerState.RUNNING)
                 self._all(WorkerState.STOPPED, only=WorkerState.HUNG)
 

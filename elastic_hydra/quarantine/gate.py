@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from elastic_hydra.durations import show_duration
-from elastic_hydra.quarantine.ledger import Ledger, QuarantineEntry, same_host
+from elastic_hydra.quarantine.ledger import Ledger, LedgerError, QuarantineEntry, same_host
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +57,7 @@ def refusal(
     if not chosen:
         return None
     first, until = chosen[0], max(e.until for e in chosen)
-    expires = datetime.fromtimestamp(until, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    expires = show_time(until)
     what = (
         f"this node ({first.host})"
         if node
@@ -86,6 +86,10 @@ def refusal(
     )
 
 
+def show_time(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def exclude_flag(active: Sequence[QuarantineEntry]) -> str:
     """`--exclude=n1,n3`: every host with an entry in force, for sbatch/srun."""
     hosts = sorted({e.host for e in active})
@@ -110,9 +114,13 @@ class LedgerGate:
         gpus: frozenset[int],
         slurm: bool,
         warn: Callable[[str], None],
+        cooldown: float,
+        job: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = Ledger(ledger, warn=warn, clock=clock)
+        self.cooldown = cooldown
+        self.job = job
         self.names = tuple(n for n in names if n)
         self.gpus = gpus
         self.slurm = slurm
@@ -137,6 +145,21 @@ class LedgerGate:
             ledger=str(self.ledger.path),
             slurm=self.slurm,
             now=now,
+        )
+
+    def exclude(self, evidence: str) -> str:
+        """seams.Admission: this node's entry in the ledger, for `cooldown` seconds."""
+        now, host = self.clock(), self.names[0]
+        try:
+            entry = QuarantineEntry.new(
+                host=host, gpu=None, evidence=f"hardware: {evidence}", now=now,
+                cooldown=self.cooldown, job=self.job,
+            )  # fmt: skip
+            self.ledger.add([entry])
+        except (OSError, LedgerError, ValueError) as exc:
+            return f"the quarantine ledger {self.ledger.path} could not take it: {exc}"
+        return (
+            f"{host} is in the quarantine ledger {self.ledger.path} until {show_time(entry.until)}"
         )
 
 

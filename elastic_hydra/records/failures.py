@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from elastic_hydra.jsonrecord import JsonRecord
+from elastic_hydra.plan import FailureClass
 from elastic_hydra.tracebacks import Stack
 
 T = TypeVar("T")
@@ -188,6 +189,9 @@ class FailureRecord(JsonRecord):
     stderr_tail: tuple[str, ...] = ()
     stdout_log: str = ""
     stderr_log: str = ""
+    failure_class: FailureClass = FailureClass.UNKNOWN
+    evidence: str = ""  # what decided the class, one line
+    repeat_of: int | None = None  # the earlier attempt that ended the same way (class, frame)
     # Published to the rendezvous store by a node of a multi-node job:
     node_rank: int | None = None
     rdzv_round: int | None = None
@@ -220,6 +224,18 @@ class FailureRecord(JsonRecord):
     def error_text(self) -> str:
         """Its error, else its last lines of stderr (a C++ abort leaves no error file)."""
         return self.message or "\n".join(self.stderr_tail[-3:])
+
+    @property
+    def signature(self) -> str:
+        """`ImportError at train.py:3`: the exception and the innermost frame it was raised at,
+        the same for the same failure in another attempt; "" without a traceback."""
+        if not self.traceback:
+            return ""
+        last = self.traceback[-1]
+        if not last.frames:
+            return f"{last.exc_type}: {last.exc_value[:120]}"
+        frame = last.frames[-1]
+        return f"{last.exc_type} at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
 
 
 def job_root_cause(records: Iterable[FailureRecord]) -> FailureRecord | None:

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from elastic_hydra.jsonrecord import JsonRecord
+from elastic_hydra.plan import FailureClass
 from elastic_hydra.records.failures import FailureRecord, PeerFailure, WorkerExit
 from elastic_hydra.records.goodput import Ledger
 from elastic_hydra.records.hangs import HangRecord
@@ -27,6 +28,7 @@ class RunStatus(enum.StrEnum):
     QUARANTINED = "quarantined"  # this node is in the quarantine ledger: it did not join
     PREFLIGHT_FAILED = "preflight_failed"  # this node failed its preflight (exit 4)
     PREFLIGHT_STOPPED = "preflight_stopped"  # others failed theirs, too few remain (exit 5)
+    EXCLUDED = "excluded"  # a hardware fault: this node left the job (exit 4)
     CONFIG_ERROR = "config_error"  # bad input found only at the launch (e.g. torch missing)
     ERROR = "error"  # a bug in the launcher (EXIT_BUG)
 
@@ -57,6 +59,8 @@ class RunSummary(JsonRecord):
     peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
     ledger: Ledger | None = None  # where this node's time went (the goodput ledger)
     preflight: PreflightVerdict | None = None  # the last round's preflight verdict
+    # What the run ended on (the root cause's class where one failed; None: it did not fail).
+    failure_class: FailureClass | None = None
 
     @property
     def earlier_failures(self) -> tuple[FailureRecord, ...]:

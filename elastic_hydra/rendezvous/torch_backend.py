@@ -157,8 +157,9 @@ class TorchRendezvous(Membership, JoinWait):
                     completed=waited is not None,
                 )
             )
-        # A node stopped by a signal, or one that failed its preflight, leaves the job running.
-        if status not in (Status.STOPPED, Status.PREFLIGHT_FAILED):
+        # A node stopped by a signal, or one that failed its preflight or was excluded for a
+        # hardware fault, leaves the job running.
+        if status not in (Status.STOPPED, Status.PREFLIGHT_FAILED, Status.EXCLUDED):
             self.shutdown()
         checked = self.job_failures()
         return JobFailures(

@@ -220,6 +220,13 @@ def describe_restart(spec: RestartSpec) -> str:
     rules += [f"{signal.Signals(s).name}: {a.value}" for s, a in spec.on_signal]
     if rules:
         parts.append(", ".join(rules))
+    by_action: dict[str, list[str]] = {}
+    for found, action in spec.on_class:
+        by_action.setdefault(action.value, []).append(found.value)
+    parts.append(
+        "by class (restart.on_class): "
+        + ", ".join(f"{' '.join(names)}: {action}" for action, names in by_action.items())
+    )
     if spec.fail_fast_seconds:
         parts.append(f"no retry for failures in the first {spec.fail_fast_seconds:g} s")
     return "; ".join(parts)

@@ -23,6 +23,7 @@ from rich.traceback import Trace, Traceback
 
 from elastic_hydra import tracebacks
 from elastic_hydra.hangs import verdict
+from elastic_hydra.plan import FailureClass
 from elastic_hydra.records.failures import FailureRecord, FailureSource, PeerFailure
 from elastic_hydra.records.hangs import HangRecord
 from elastic_hydra.records.preflight import PreflightVerdict
@@ -121,6 +122,8 @@ def outcome_report(
     earlier attempts (one line each, or `earlier_in_full` as the root cause), where the logs
     are."""
     title = f"elastic-hydra: {summary.status.replace('_', ' ')}"  # not a field name
+    if summary.failure_class not in (None, FailureClass.UNKNOWN):
+        title += f" ({summary.failure_class})"
     headline = Text(f"{summary.message} ({took(summary)})")
     parts: list[RenderableType] = []
     cause = summary.root_cause
@@ -223,6 +226,9 @@ def _root_cause(
         ),
     )
     head.add_row("exit", Text(cause.exit, style="bold red"))
+    if cause.failure_class is not FailureClass.UNKNOWN or cause.evidence:
+        told = Text(cause.failure_class.value, style="bold")
+        head.add_row("class", told.append(f": {cause.evidence}" if cause.evidence else "", ""))
     head.add_row("time", when)
     parts: list[RenderableType] = [head]
     if not details:

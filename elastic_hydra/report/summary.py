@@ -39,7 +39,7 @@ def summarize(
     is then the job's earliest real failure, on whichever node it happened.
     """
     cause = None
-    if outcome.status is Status.FAILED:
+    if outcome.status in (Status.FAILED, Status.EXCLUDED):
         cause = job_root_cause(job_failures) or job_root_cause(outcome.failures)
     return RunSummary(
         status=RunStatus(outcome.status.value),
@@ -63,6 +63,7 @@ def summarize(
         peer_failures=outcome.peer_failures,
         ledger=ledger,
         preflight=outcome.preflight,
+        failure_class=outcome.failure_class if cause is None else cause.failure_class,
     )
 
 

@@ -15,11 +15,14 @@ from typing import Any
 from elastic_hydra.config.schema import HangConf, LogsConf, MetricsConf, RestartConf, StragglerConf
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import (
+    DEFAULT_ON_CLASS,
     DEFAULT_PREFIX,
     LEARNED,
     MULTINODE_PREFIX,
     Action,
     Backoff,
+    ClassAction,
+    FailureClass,
     HangAction,
     HangSpec,
     LogSpec,
@@ -75,7 +78,34 @@ def resolve_restart(r: RestartConf) -> RestartSpec:
         on_exit_code=on_exit_code,
         on_signal=on_signal,
         fail_fast_seconds=seconds("restart.fail_fast_seconds", r.fail_fast_seconds, True),
+        on_class=_on_class(r.on_class),
     )
+
+
+def _on_class(rules: Mapping[Any, str]) -> tuple[tuple[FailureClass, ClassAction], ...]:
+    """The defaults (plan.DEFAULT_ON_CLASS), then each `restart.on_class.NAME=ACTION`."""
+    out = dict(DEFAULT_ON_CLASS)
+    known = ", ".join(c.value for c in out)
+    for name, action in rules.items():
+        key = f"restart.on_class.{name}"
+        try:
+            found = FailureClass(str(name).strip().lower())
+        except ValueError:
+            raise ConfigError(
+                key, "not a failure class", name, f"expected one of {known}"
+            ) from None
+        if found not in out:
+            raise ConfigError(
+                key, "the restart policy never sees this class", name,
+                f"it ends a run whatever the policy says; expected one of {known}",
+            )  # fmt: skip
+        try:
+            out[found] = ClassAction(str(action).strip().lower())
+        except ValueError:
+            raise ConfigError(
+                key, "unknown action", action, "expected retry, once, fail or exclude"
+            ) from None
+    return tuple(out.items())
 
 
 def _rules(

@@ -46,6 +46,9 @@ class ScriptedAdmission:
         self.refused.append(Refused())
         return self.refused[-1]
 
+    def exclude(self, evidence: str) -> str:
+        raise AssertionError(f"not excluded here: {evidence}")
+
 
 def run(h: Harness, admission: ScriptedAdmission) -> RunOutcome:
     return Executor(

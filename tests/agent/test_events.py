@@ -38,7 +38,7 @@ from elastic_hydra.agent.events import (
 )
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.plan import HangAction, StragglerAction
+from elastic_hydra.plan import FailureClass, HangAction, StragglerAction
 from elastic_hydra.report import notices
 from elastic_hydra.report.events_file import last_start, read_events
 
@@ -143,6 +143,20 @@ SAMPLES: list[tuple[Event, str]] = [
                attempts=0),
         '{"event": "finish", %s, "status": "rendezvous_failed", "exit_code": 3, '
         '"reason": "no quorum", "attempts": 0}',
+    ),
+    (
+        Restart(**AT, reason="restart 1 of 3 after exit code 1 (user_error: ImportError at "
+                "train.py:3), in 0.0 s", delay=0.0, restart=1, rank=2,
+                failure_class=FailureClass.USER_ERROR),
+        '{"event": "restart", %s, "reason": "restart 1 of 3 after exit code 1 (user_error: '
+        'ImportError at train.py:3), in 0.0 s", "delay": 0.0, "restart": 1, "rank": 2, '
+        '"failure_class": "user_error"}',
+    ),
+    (
+        Finish(**AT, status=Status.FAILED, exit_code=1, reason="not retried", attempts=2,
+               failure_class=FailureClass.OOM_HOST),
+        '{"event": "finish", %s, "status": "failed", "exit_code": 1, '
+        '"reason": "not retried", "attempts": 2, "failure_class": "oom_host"}',
     ),
 ]  # fmt: skip
 EVENTS = [event for event, _ in SAMPLES]
@@ -304,6 +318,8 @@ def test_progress_lines_read_the_typed_events(capsys: pytest.CaptureFixture[str]
         " (gloo:all_reduce), median 180 ms behind; nothing stopped (straggler.action=report)",
         "elastic-hydra: warm starts off (warm.imports), cold starts: cannot import torch: "
         "ModuleNotFoundError",
+        "elastic-hydra: rank 2 failed: restart 1 of 3 after exit code 1 (user_error: ImportError "
+        "at train.py:3), in 0.0 s",
     ]
     for event in EVENTS:
         notices.progress(event, multi_node=True)

@@ -9,7 +9,15 @@ import signal
 import pytest
 
 from elastic_hydra.agent.restart_policy import Decision, Failure, backoff_delay, decide
-from elastic_hydra.plan import Action, Backoff, RestartSpec, RestartWindow
+from elastic_hydra.plan import (
+    DEFAULT_ON_CLASS,
+    Action,
+    Backoff,
+    ClassAction,
+    FailureClass,
+    RestartSpec,
+    RestartWindow,
+)
 
 RETRY, FAIL = Action.RETRY, Action.FAIL
 SIGKILL = int(signal.SIGKILL)
@@ -267,3 +275,64 @@ def test_a_hang_is_named_a_hang_and_ruled_as_exit_code_1() -> None:
     ruled = dataclasses.replace(spec, on_exit_code=((1, FAIL),))
     decision = decide(ruled, hung, restarts_done=0, restart_times=(), now=1000.0, u=0.5)
     assert decision.action is FAIL and decision.reason.startswith("a hang (counted as exit code 1)")
+
+
+# ------------------------------------------------------------------------------- failure classes
+def _classed(
+    spec: RestartSpec, found: FailureClass, *, repeat_of: int | None = None, returncode: int = 1
+) -> Decision:
+    failure = Failure(
+        returncode=returncode, attempt_runtime=100.0, failure_class=found,
+        evidence="ImportError at train.py:3", repeat_of=repeat_of,
+    )  # fmt: skip
+    return decide(spec, failure, restarts_done=0, restart_times=(), now=1000.0, u=0.5)
+
+
+def test_a_user_error_is_retried_once_and_its_repeat_is_not() -> None:
+    spec = RestartSpec(max_restarts=5)
+    first = _classed(spec, FailureClass.USER_ERROR)
+    assert first.action is RETRY and "(user_error: ImportError at train.py:3)" in first.reason
+    again = _classed(spec, FailureClass.USER_ERROR, repeat_of=0)
+    assert again.action is FAIL and not again.exclude
+    assert again.reason == (
+        "not retried: ImportError at train.py:3 (user_error; restart.on_class.user_error=once)"
+    )
+
+
+def test_every_class_has_its_default_and_unknown_is_the_policy_as_before() -> None:
+    spec = RestartSpec(max_restarts=5)
+    repeated = {c: _classed(spec, c, repeat_of=0).action for c in DEFAULT_ON_CLASS}
+    assert repeated == {
+        FailureClass.USER_ERROR: FAIL, FailureClass.OOM_HOST: FAIL, FailureClass.OOM_GPU: FAIL,
+        FailureClass.INFRA: FAIL, FailureClass.HARDWARE: FAIL, FailureClass.COMM: RETRY,
+        FailureClass.HANG: RETRY, FailureClass.UNKNOWN: RETRY,
+    }  # fmt: skip
+    assert _classed(spec, FailureClass.HARDWARE).exclude
+    unknown = _classed(spec, FailureClass.UNKNOWN)
+    assert unknown.reason == "restart 1 of 5 after exit code 1, in 0.0 s"  # no class to name
+
+
+@pytest.mark.parametrize(
+    ("on_class", "found", "action"),
+    [
+        ((FailureClass.USER_ERROR, ClassAction.FAIL), FailureClass.USER_ERROR, FAIL),
+        ((FailureClass.USER_ERROR, ClassAction.RETRY), FailureClass.USER_ERROR, RETRY),
+        ((FailureClass.HARDWARE, ClassAction.RETRY), FailureClass.HARDWARE, RETRY),
+        ((FailureClass.COMM, ClassAction.FAIL), FailureClass.COMM, FAIL),
+    ],
+    ids=["user_error-fail", "user_error-retry", "hardware-retry", "comm-fail"],
+)
+def test_the_job_file_overrides_a_class(
+    on_class: tuple[FailureClass, ClassAction], found: FailureClass, action: Action
+) -> None:
+    spec = RestartSpec(max_restarts=5, on_class=(*DEFAULT_ON_CLASS.items(), on_class))
+    decided = _classed(spec, found, repeat_of=0)
+    assert decided.action is action and not decided.exclude
+
+
+def test_an_exit_code_or_signal_rule_wins_over_the_class() -> None:
+    spec = RestartSpec(max_restarts=5, on_exit_code=((1, RETRY),), on_signal=((SIGKILL, FAIL),))
+    assert _classed(spec, FailureClass.USER_ERROR, repeat_of=0).action is RETRY
+    assert _classed(spec, FailureClass.HARDWARE).action is RETRY
+    killed = _classed(spec, FailureClass.UNKNOWN, returncode=-SIGKILL)
+    assert killed.action is FAIL and "restart.on_signal" in killed.reason

@@ -73,6 +73,7 @@ def test_metrics_of_a_job_with_a_restart_and_a_hang(tmp_path: Path) -> None:
         got = wait_for(after_the_hang, 90, "a hang verdict in the metrics")
         assert got is not None
         assert value(got, "elastic_hydra_restarts_total", cause="failure") == 1.0
+        assert value(got, "elastic_hydra_failures_total", **{"class": "unknown"}) == 1.0  # exit 3
         assert value(got, "elastic_hydra_attempt") == 1.0
         assert value(got, "elastic_hydra_rendezvous_rounds_total") == 2.0
         assert value(got, "elastic_hydra_phase", phase="running") == 1.0

@@ -23,7 +23,7 @@ from elastic_hydra.observe.status import (
 )
 from elastic_hydra.plan import HangAction
 
-T = {"wall_time": 100.0, "mono_time": 1.0}
+T = events.Stamp(wall_time=100.0, mono_time=1.0)
 
 
 def tracker() -> Tracker:

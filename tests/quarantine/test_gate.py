@@ -73,8 +73,8 @@ def test_other_hosts_entries_let_this_one_join() -> None:
 def test_the_gate_reads_the_ledger_each_time_and_joins_when_it_cannot(tmp_path: Path) -> None:
     warnings: list[str] = []
     path = tmp_path / "ledger.json"
-    gate = LedgerGate(path, names=("node-3",), gpus=frozenset(), slurm=False,
-                      warn=warnings.append, clock=lambda: NOW)  # fmt: skip
+    gate = LedgerGate(path, names=("node-3",), gpus=frozenset(), slurm=False, cooldown=60.0,
+                      job="j", warn=warnings.append, clock=lambda: NOW)  # fmt: skip
     assert gate.refusal() is None
     Ledger(path).add([entry("node-3")])
     assert gate.refusal() is not None  # read again: a later round sees a new entry
@@ -94,6 +94,23 @@ def test_an_expired_entry_does_not_refuse(tmp_path: Path, left: float) -> None:
         '{"version": 1, "entries": [{"host": "node-3", "gpu": null, "reason": "r", '
         f'"added": {NOW - 10}, "until": {NOW + left}, "job": "j"}}]}}'
     )
-    gate = LedgerGate(path, names=("node-3",), gpus=frozenset(), slurm=False,
-                      warn=print, clock=lambda: NOW)  # fmt: skip
+    gate = LedgerGate(path, names=("node-3",), gpus=frozenset(), slurm=False, cooldown=60.0,
+                      job="j", warn=print, clock=lambda: NOW)  # fmt: skip
     assert gate.refusal() is None
+
+
+def test_a_node_excluded_for_a_hardware_fault_is_refused_later_and_an_unwritable_ledger_said(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.json"
+    gate = LedgerGate(path, names=("node-3",), gpus=frozenset(), slurm=False, cooldown=3600.0,
+                      job="run-1", warn=print, clock=lambda: NOW)  # fmt: skip
+    line = gate.exclude("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.")
+    assert line.startswith(f"node-3 is in the quarantine ledger {path} until "), line
+    (kept,) = Ledger(path).active(NOW)
+    assert (kept.host, kept.gpu, kept.job, kept.until) == ("node-3", None, "run-1", NOW + 3600)
+    assert kept.reason.startswith("hardware: NVRM: Xid") and gate.refusal() is not None
+    blocked = LedgerGate(tmp_path / "no" / "dir" / "x.json", names=("node-3",), gpus=frozenset(),
+                         slurm=False, cooldown=60.0, job="j", warn=print)  # fmt: skip
+    (tmp_path / "no").write_text("a file where a directory should be")
+    assert "could not take it" in blocked.exclude("Xid 79")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from elastic_hydra.agent.events import Event, Hang, Restart, WorkersStarted
+from elastic_hydra.agent.events import Event, Hang, Restart, Stamp, WorkersStarted
 from elastic_hydra.agent.outcome import Status
 from elastic_hydra.plan import HangAction, RestartSpec
 from elastic_hydra.report.history import attempts
@@ -49,8 +49,8 @@ def test_an_attempt_a_signal_stopped_and_one_the_timeline_lost_have_rows() -> No
 
 
 def test_an_attempt_that_hung_says_so_not_the_restart_reason() -> None:
-    def at(t: float) -> dict[str, float]:
-        return {"wall_time": T0 + t, "mono_time": T0 + t}
+    def at(t: float) -> Stamp:
+        return Stamp(wall_time=T0 + t, mono_time=T0 + t)
 
     events: list[Event] = [
         WorkersStarted(**at(0), pids=(1,), attempt=0),
