@@ -20,6 +20,8 @@ One module per subcommand:
 - `rdzv_server`: `rdzv-server`, the c10d store of `elastic_hydra.rendezvous.server` as a process.
 - `quarantine`: `quarantine list|add|clear`, the ledger of `elastic_hydra.quarantine` by hand.
 - `top`: `top`, every rank of a running job live, from the agents' status records.
+- `logs`: `logs`, a run's per-rank logs as one stream, filtered, equal lines of several ranks
+  once; `-f` follows a running job.
 - `manifest`: `--plan=jobset|trainjob`, the job's Kubernetes manifests as YAML.
 
 Imports: torchrun, config, launch, hangs, report, rendezvous (the `rdzv-server` subcommand),

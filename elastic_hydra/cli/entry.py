@@ -27,6 +27,10 @@ def main() -> NoReturn:
             from elastic_hydra.cli import top
 
             sys.exit(top.run(sys.argv[2:]))
+        if sys.argv[1:2] == ["logs"]:  # no Hydra: a reader of files
+            from elastic_hydra.cli import logs
+
+            sys.exit(logs.run(sys.argv[2:]))
         if sys.argv[1:2] == ["quarantine"]:  # Hydra only for a job file that names the ledger
             from elastic_hydra.cli import quarantine
 

@@ -15,6 +15,9 @@
 - `goodput`: the goodput ledger (pure): a node's wall time cut into phases (start-up,
   rendezvous, running, restart, hung, stopping ...) from its events, GPU-seconds, the work lost
   to each failure; a job's as the sum of its nodes'. Kept in summary.json.
+- `logs`: a run's per-rank log files, every node's and attempt's, chosen by rank, node, attempt
+  and stream, and merged: a line several ranks wrote alike once, with their ranks; tracebacks
+  never merged (`elastic-hydra logs`).
 - `timeline`: `report --html`: a run as one self-contained HTML page, inline SVG, every string
   from the run escaped (pure: the command writes it, 0600); `gantt`: a sweep's page, the
   pool's jobs on their slots, from pool.json read back as untrusted data (pure).

@@ -3,12 +3,16 @@ executor's fakes: a refused node joins nothing, starts nothing and says why."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import pytest
 
 from elastic_hydra.agent.events import EventKind, Finish, Quarantined, event_from_json
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
-from elastic_hydra.plan import RestartSpec
+from elastic_hydra.plan import FailureClass, RestartSpec
+from elastic_hydra.records.failures import FailureRecord, WorkerExit
 from tests.agent.test_executor import (
     ALL_SUCCEED,
     T0,
@@ -38,6 +42,7 @@ class ScriptedAdmission:
     joins: int
     asked: int = 0
     refused: list[Refused] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
 
     def refusal(self) -> Refused | None:
         self.asked += 1
@@ -47,10 +52,15 @@ class ScriptedAdmission:
         return self.refused[-1]
 
     def exclude(self, evidence: str) -> str:
-        raise AssertionError(f"not excluded here: {evidence}")
+        self.excluded.append(evidence)
+        return "node-3 is in the quarantine ledger /shared/ledger.json until ..."
 
 
-def run(h: Harness, admission: ScriptedAdmission) -> RunOutcome:
+def run(
+    h: Harness,
+    admission: ScriptedAdmission | None,
+    read_failure: Callable[[WorkerExit], FailureRecord] | None = None,
+) -> RunOutcome:
     return Executor(
         h.plan,
         rendezvous=h.rdzv,
@@ -58,7 +68,7 @@ def run(h: Harness, admission: ScriptedAdmission) -> RunOutcome:
         clock=h.clock,
         observer=h.observer,
         stop=h.stop,
-        read_failure=h.read_failure,
+        read_failure=read_failure or h.read_failure,
         admission=admission,
     ).run()
 
@@ -97,3 +107,31 @@ def test_a_node_that_is_not_quarantined_runs_as_before() -> None:
     admission = ScriptedAdmission(joins=99)
     assert run(h, admission).status is Status.SUCCEEDED
     assert admission.asked == 1 and EventKind.QUARANTINED not in h.observer.kinds
+
+
+XID = "the kernel log: NVRM: Xid (PCI:0000:3b:00): 79, pid=42, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+def test_a_hardware_fault_takes_the_node_out_of_the_job_and_into_the_ledger(ledger: bool) -> None:
+    h = harness(fail_every_round(3), plan=make_plan(restart=RestartSpec(max_restarts=3)))
+    admission = ScriptedAdmission(joins=9) if ledger else None
+
+    def hardware(exit: WorkerExit) -> FailureRecord:
+        record = h.read_failure(exit)
+        return replace(record, failure_class=FailureClass.HARDWARE, evidence=XID)
+
+    outcome = run(h, admission, hardware)
+
+    assert outcome.status is Status.EXCLUDED and outcome.exit_code == 4
+    assert outcome.restarts == 0 and outcome.failure_class is FailureClass.HARDWARE
+    assert outcome.reason.startswith(
+        f"this node leaves the job: {XID} (hardware; restart.on_class.hardware=exclude); "
+    )
+    assert outcome.reason.endswith(
+        "node-3 is in the quarantine ledger /shared/ledger.json until ..." if ledger
+        else "no quarantine ledger keeps it out of later jobs (quarantine.ledger)"
+    )  # fmt: skip
+    assert admission is None or admission.excluded == [XID]
+    (finish,) = h.observer.of(Finish)
+    assert (finish.status, finish.failure_class) == (Status.EXCLUDED, FailureClass.HARDWARE)
