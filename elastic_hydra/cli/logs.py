@@ -7,7 +7,6 @@ until it ends (its summary is written) or Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import select
 import sys
@@ -15,6 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from elastic_hydra.cli import top
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.report.logs import STREAMS, Merger, Select, Source, sources
 from elastic_hydra.rundir import LOGS_ROOT, RunDir
@@ -41,15 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(argv: Sequence[str]) -> int:
-    """`main`, its bad words told in one line (exit 2), a closed pipe ending it quietly."""
-    try:
-        return main(argv)
-    except ConfigError as exc:
-        print(f"elastic-hydra: error: {exc.line()}", file=sys.stderr)
-        return exc.exit_code
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + 13  # SIGPIPE, as `cat` ends
+    """`main` as top's: bad words in one line (exit 2), a closed pipe ending it quietly."""
+    return top.told(main, argv)
 
 
 def main(argv: Sequence[str]) -> int:

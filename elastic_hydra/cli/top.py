@@ -53,7 +53,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(argv: Sequence[str]) -> int:
-    """`main`, its bad words told in one line (exit 2), a closed pipe ending it quietly."""
+    return told(main, argv)
+
+
+def told(main: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
+    """A reader subcommand's `main` (`top`, `logs`), its bad words told in one line (exit 2),
+    a closed pipe ending it quietly."""
     try:
         return main(argv)
     except ConfigError as exc:
