@@ -100,6 +100,7 @@ class Executor(CollateralWait, RoundGates):
             try:
                 node = self._rendezvous()
             except RendezvousError as exc:
+                self.state.failure_class = FailureClass.INFRA  # unreachable, closed, timed out
                 return self._stopped() or self._finish(Status.RENDEZVOUS_FAILED, str(exc))
             if (stopped := self._stopped()) is not None:  # a signal during the rendezvous
                 return stopped

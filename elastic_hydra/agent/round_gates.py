@@ -12,7 +12,7 @@ from elastic_hydra.agent.loop_state import LoopState
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import Admission, NodeAssignment, Observer, Preflight
 from elastic_hydra.errors import RendezvousError
-from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.plan import FailureClass, LaunchPlan
 
 
 class RoundGates:
@@ -73,4 +73,5 @@ class RoundGates:
         if rule.next is not preflight_rule.Next.END:
             return rule.next is preflight_rule.Next.START
         assert rule.status is not None
+        self.state.failure_class = FailureClass.HARDWARE  # a node's GPU, link or disk
         return self._finish(rule.status, rule.reason)

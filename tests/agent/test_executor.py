@@ -46,6 +46,7 @@ from elastic_hydra.plan import (
     Dynamic,
     DynamicBackend,
     Endpoint,
+    FailureClass,
     LaunchPlan,
     NodeRange,
     PythonScript,
@@ -628,6 +629,7 @@ def test_signal_while_workers_run_stops_them_with_that_signal(sig: signal.Signal
     assert h.observer.of(SignalReceived)[0].signal == sig.name
     finish = h.observer.of(Finish)[0]
     assert (finish.status, finish.exit_code) == (Status.STOPPED, 128 + int(sig))
+    assert finish.failure_class is FailureClass.PREEMPTED
 
 
 def test_signal_during_backoff_stops_without_another_attempt() -> None:
@@ -693,6 +695,7 @@ def test_rendezvous_error_fails_with_exit_code_3_and_starts_no_workers() -> None
     assert outcome.exits == ()
     assert h.observer.kinds == [EventKind.JOINING, EventKind.FINISH]
     assert h.observer.of(Finish)[0].exit_code == 3
+    assert outcome.failure_class is FailureClass.INFRA
 
 
 def test_rendezvous_error_on_the_rejoin_after_a_restart() -> None:
@@ -971,6 +974,7 @@ def test_a_node_loss_below_the_minimum_ends_an_elastic_job_at_once_without_blame
 
     assert outcome.status is Status.RENDEZVOUS_FAILED and outcome.exit_code == 3
     assert "fewer than the nnodes minimum 2" in outcome.reason
+    assert outcome.failure_class is FailureClass.NODE_LOST
     assert outcome.reason.endswith("(rank(s) 0 failed with it)")
     assert outcome.restarts == 0 and outcome.root_cause is None
     assert len(h.factory.calls) == 1  # no restart, no wait for join_timeout

@@ -8,7 +8,7 @@ from elastic_hydra.agent.events import Preflight
 from elastic_hydra.agent.executor import Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.seams import NodeAssignment
-from elastic_hydra.plan import NodeRange, PreflightMode
+from elastic_hydra.plan import FailureClass, NodeRange, PreflightMode
 from elastic_hydra.records.preflight import Check, Finding, PreflightVerdict
 from tests.agent.test_executor import (
     ALL_SUCCEED,
@@ -74,6 +74,7 @@ def test_the_failed_node_leaves_with_exit_4_before_any_worker_starts() -> None:
     h = four_nodes(2, NodeRange(min=4, max=4))
     outcome = run(h, FakeBattery(verdict(2)))
     assert outcome.status is Status.PREFLIGHT_FAILED and outcome.exit_code == 4
+    assert outcome.failure_class is FailureClass.HARDWARE
     assert outcome.reason == "this node failed its preflight: node 2 (h2) rank 2 at 20 %"
     (event,) = h.observer.of(Preflight)  # the timeline says when, and who failed
     assert (event.passed, event.nodes, event.bad_nodes, event.attempt) == (False, 4, (2,), 0)
