@@ -77,8 +77,12 @@ NOTHING = KernelSays()
 
 
 def classify(record: FailureRecord, kernel: KernelSays = NOTHING) -> tuple[FailureClass, str]:
-    """The class of `record`'s failure and the evidence that decided it (one line)."""
-    text = "\n".join((record.message, *record.stderr_tail[-20:]))
+    """The class of `record`'s failure and the evidence that decided it (one line). The
+    exception that ended the rank speaks first (every exception of its chain); the last lines of
+    its stderr only where it left none (a crash, `os._exit`, a C++ abort)."""
+    chain = [f"{s.exc_type}: {s.exc_value}" for s in record.traceback]
+    text = "\n".join(chain or [record.message]) if chain or record.message else ""
+    text = text or "\n".join(record.stderr_tail[-20:])
     if hw := [line for code, line in kernel.xids if code in HARDWARE_XIDS]:
         return FailureClass.HARDWARE, f"the kernel log: {hw[-1]}"
     if m := _ECC.search(text):
@@ -91,12 +95,12 @@ def classify(record: FailureRecord, kernel: KernelSays = NOTHING) -> tuple[Failu
         return FailureClass.OOM_GPU, detail.group(1) if detail else _line_of(text, 0)
     if _exc(record) == "MemoryError":
         return FailureClass.OOM_HOST, f"{record.message} (Python could not allocate)"
+    if _exc(record) in _DETERMINISTIC:
+        return FailureClass.USER_ERROR, record.signature or record.message
     if m := _DISK_FULL.search(text):
         return FailureClass.INFRA, _line_of(text, m.start())
     if m := _COMM.search(text):
         return FailureClass.COMM, _line_of(text, m.start())
-    if _exc(record) in _DETERMINISTIC:
-        return FailureClass.USER_ERROR, record.signature or record.message
     if (m := _BAD_COMMAND.search(text)) and record.returncode == 2:
         return FailureClass.USER_ERROR, _line_of(text, m.start())
     return FailureClass.UNKNOWN, _unknown(record, kernel)

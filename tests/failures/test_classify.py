@@ -189,3 +189,21 @@ def test_the_real_kernel_log_is_read_back_and_an_unreadable_one_is_said() -> Non
     assert said.readable and (99999999, marker) in said.oom_kills
     assert not kernel.since(time.monotonic() + 60).oom_kills  # nothing from the future
     assert kernel.since(start, path="/nonexistent/kmsg") == KernelSays(readable=False)
+
+
+def test_the_exception_speaks_before_the_lines_printed_before_it() -> None:
+    noisy = ("NCCL INFO Connection closed by peer", "No space left on device (an old warning)")
+    typo = failed("ModuleNotFoundError", "No module named 'x'", stderr=noisy)
+    assert classify(typo)[0] is C.USER_ERROR
+    assert classify(failed("ValueError", "loss is nan", stderr=noisy)) == (C.UNKNOWN, "")
+    crashed = failed(returncode=-6, stderr=("terminate called after ...", noisy[0]))
+    assert classify(crashed) == (C.COMM, "NCCL INFO Connection closed by peer")  # no exception
+    chained = replace(
+        failed("RuntimeError", "step failed"),
+        traceback=(
+            Stack(exc_type="torch.distributed.DistBackendError", exc_value="ncclRemoteError",
+                  link="cause"),
+            *failed("RuntimeError", "step failed").traceback,
+        ),
+    )  # fmt: skip
+    assert classify(chained) == (C.COMM, "torch.distributed.DistBackendError: ncclRemoteError")
