@@ -30,7 +30,7 @@ _DETERMINISTIC = frozenset({
 })  # fmt: skip
 # Python's own words for a script it cannot open, argparse's for a bad argument (exit code 2).
 _BAD_COMMAND = re.compile(
-    r"can't open file .*\[Errno 2\]|^usage: |: error: (unrecognized|the following)", re.M
+    r"can't open file .*\[Errno 2\]|: error: (unrecognized|the following|argument)|^usage: ", re.M
 )
 _GPU_OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|NCCL.*out of memory"
@@ -43,15 +43,21 @@ _GPU_OOM_DETAIL = re.compile(
 )
 _ECC = re.compile(r"uncorrectable ECC error|ECC error encountered", re.I)
 _DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|Disk quota exceeded|\[Errno 122\]")
+# NCCL's and torch.distributed's own errors; a broken connection only in their words (Python's
+# own `ConnectionResetError: [Errno 104] Connection reset by peer` of a download is not comm).
 _COMM = re.compile(
     r"ncclInternalError|ncclSystemError|ncclRemoteError|ncclUnhandledCudaError|NCCL error|"
-    r"DistBackendError|DistNetworkError|ProcessGroupNCCL|ProcessGroupGloo|gloo/transport|"
+    r"DistBackendError|DistNetworkError|ProcessGroupNCCL|ProcessGroupGloo"
+)
+_PEER_LOST = re.compile(
     r"Connection (closed|reset) by peer|failed to recv, got 0 bytes|Socket Timeout"
 )
+_DISTRIBUTED = re.compile(r"gloo|pair\.cc|NCCL|c10d|torch\.distributed|ProcessGroup")
 # Xid codes that point at the GPU, its memory or its links rather than at the program (NVIDIA's
 # Xid catalog: 48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92 high
 # single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP, 140 unrecovered ECC).
 # 13, 31, 43 (a program's illegal access) and 45 (a killed context) are not.
+_CRASH = "Fatal Python error"  # a faulthandler dump's "exception" (tracebacks.parse_fault)
 _TRANSIENT = re.compile(
     r"Connection|Timeout|^OSError$|^IOError$|^BrokenPipeError$|^InterruptedError$"
 )
@@ -94,15 +100,17 @@ def classify(record: FailureRecord, kernel: KernelSays = NOTHING) -> tuple[Failu
         detail = _GPU_OOM_DETAIL.search(text)
         return FailureClass.OOM_GPU, detail.group(1) if detail else _line_of(text, 0)
     if _exc(record) == "MemoryError":
-        return FailureClass.OOM_HOST, f"{record.message} (Python could not allocate)"
+        return FailureClass.OOM_HOST, "MemoryError: Python could not allocate"
     if _exc(record) in _DETERMINISTIC:
         return FailureClass.USER_ERROR, record.signature or record.message
     if m := _DISK_FULL.search(text):
         return FailureClass.INFRA, _line_of(text, m.start())
-    if m := _COMM.search(text):
+    lost = _PEER_LOST.search(text) if _DISTRIBUTED.search(text) else None
+    if (m := _COMM.search(text) or lost) is not None:
         return FailureClass.COMM, _line_of(text, m.start())
-    if (m := _BAD_COMMAND.search(text)) and record.returncode == 2:
-        return FailureClass.USER_ERROR, _line_of(text, m.start())
+    said = sorted(_BAD_COMMAND.finditer(text), key=lambda m: m.group(0).startswith("usage"))
+    if record.returncode == 2 and said:  # argparse's error line before its usage line
+        return FailureClass.USER_ERROR, _line_of(text, said[0].start())
     return FailureClass.UNKNOWN, _unknown(record, kernel)
 
 
@@ -150,7 +158,9 @@ class Classifier:
         found, evidence = classify(record, kernel)
         signature = record.signature
         if found is FailureClass.UNKNOWN:
-            if not signature or _TRANSIENT.search(_exc(record)):  # a repeat cannot tell here
+            # A crash in native code (a faulthandler dump) may come from the machine as well as
+            # from the program, a connection or a timeout from the world: a repeat tells nothing.
+            if not signature or _TRANSIENT.search(_exc(record)) or _exc(record) == _CRASH:
                 return replace(record, failure_class=found, evidence=evidence)
             key = (FailureClass.USER_ERROR, signature)  # unexplained: deterministic if repeated
         else:

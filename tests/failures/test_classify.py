@@ -57,7 +57,7 @@ GPU_OOM = (
          "SyntaxError at train.py:3"),
         (failed(returncode=2, stderr=("usage: train.py [-h] [--lr LR]",
                                        "train.py: error: unrecognized arguments: --lrr 0.1")),
-         NOTHING, C.USER_ERROR, "usage: train.py [-h] [--lr LR]"),
+         NOTHING, C.USER_ERROR, "train.py: error: unrecognized arguments: --lrr 0.1"),
         (failed(returncode=2, stderr=("python3: can't open file '/job/trian.py': [Errno 2] No "
                                        "such file or directory",)),
          NOTHING, C.USER_ERROR, "python3: can't open file '/job/trian.py': [Errno 2] No such "
@@ -72,8 +72,7 @@ GPU_OOM = (
         (failed("RuntimeError", "DataLoader worker (pid 5151) is killed by signal: Killed."),
          KernelSays(readable=True, oom_kills=((5151, "Out of memory: Killed process 5151"),)),
          C.OOM_HOST, "the kernel's OOM killer: Out of memory: Killed process 5151"),
-        (failed("MemoryError", ""), NOTHING, C.OOM_HOST,
-         "MemoryError:  (Python could not allocate)"),
+        (failed("MemoryError", ""), NOTHING, C.OOM_HOST, "MemoryError: Python could not allocate"),
         (failed("OSError", "[Errno 28] No space left on device: '/ckpt/step_100.pt'"), NOTHING,
          C.INFRA, "OSError: [Errno 28] No space left on device: '/ckpt/step_100.pt'"),
         (failed("torch.distributed.DistBackendError", "[../third_party/gloo/gloo/transport/tcp/"
@@ -113,9 +112,10 @@ def test_each_class_with_the_evidence_that_decided_it(
          ""),
         (failed("ValueError", "loss is nan"), NOTHING, ""),  # its traceback tells all there is
         (failed(returncode=2), NOTHING, ""),  # exit 2 alone is no bad command line
+        (failed("ConnectionResetError", "[Errno 104] Connection reset by peer"), NOTHING, ""),
     ],
     ids=["sigkill-unreadable", "sigkill-not-oom", "sigkill-other-pid", "xid-13-is-the-program",
-         "value-error", "exit-2"],
+         "value-error", "exit-2", "a-download's-reset"],
 )  # fmt: skip
 def test_what_nothing_explains_is_unknown_and_says_why(
     record: FailureRecord, kernel_says: KernelSays, evidence: str
@@ -143,6 +143,13 @@ def test_a_transient_error_that_repeats_is_not_called_deterministic() -> None:
         assert (record.failure_class, record.repeat_of) == (C.UNKNOWN, None)
         timeout = classed(failed("requests.exceptions.ReadTimeout", "x", attempt=attempt))
         assert timeout.repeat_of is None
+
+
+def test_a_native_crash_that_repeats_is_not_called_deterministic() -> None:
+    classed = Classifier()
+    for attempt in range(3):  # faulthandler's dump, at the same frame every time
+        crash = failed("Fatal Python error", "Segmentation fault", attempt=attempt, returncode=-11)
+        assert (classed(crash).failure_class, classed(crash).repeat_of) == (C.UNKNOWN, None)
 
 
 def test_a_class_that_repeats_is_marked_and_keeps_its_class() -> None:
