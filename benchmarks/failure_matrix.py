@@ -272,6 +272,8 @@ def stuck_in(output: str) -> list[str]:
     found: list[str] = []
     for block in re.findall(r"Current thread [^\n]*\n((?:  File [^\n]*\n)+)", output):
         frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
+        if not frames:
+            continue
         script = next((f for f in frames if f[0].endswith("/w.py")), frames[-1])
         found.append(f"{frames[0][2]} <- w.py:{script[1]}")
     return found
@@ -421,8 +423,8 @@ def torchrun(case: Path, inj: Injection, env: dict[str, str], timeout: float) ->
     if done["timed_out"] and inj.name == "hang":
         note = f"no verdict (killed after {limit:g} s)"
     elif done["timed_out"]:
-        where = "; ".join(sorted(set(stuck))) or "no stack"
-        note = f"killed after {limit:g} s, attempt {attempts} stuck in {where}"
+        where = f"in {'; '.join(sorted(set(stuck)))}" if stuck else "(no stack dumped)"
+        note = f"killed after {limit:g} s, attempt {attempts} stuck {where}"
     if done["launcher_oom_killed"]:
         note = "the OOM killer took torchrun itself"
     return {**done, "attempts": attempts, "note": note, "stuck": stuck}

@@ -337,6 +337,17 @@ def preflight() -> list[str]:
 
 # ------------------------------------------------------------------------------------- the check
 
+
+def failures() -> list[str]:
+    s = result("failure_matrix.json")["summary"]
+    return [
+        *(row_text(cells) for cells in table("failure_matrix.md")),
+        f"the right class in {s['right']} of {s['rows']}; attempts spent on deterministic user "
+        f"errors: elastic-hydra {s['user_error_attempts_eh']}, torchrun "
+        f"{s['user_error_attempts_torchrun']} ({s['user_error_rows']} injections)",
+    ]
+
+
 PAGES: dict[str, Callable[[], list[str]]] = {
     "README.md": readme,
     "docs/benchmarks.md": benchmarks,
@@ -347,6 +358,7 @@ PAGES: dict[str, Callable[[], list[str]]] = {
     "docs/observe.md": observe,
     "docs/preflight.md": preflight,
     "docs/stragglers.md": stragglers,
+    "docs/runs-and-failures.md": failures,
 }
 
 
@@ -372,6 +384,7 @@ TABLES = {
     "docs/observe.md": "| setting |",
     "docs/preflight.md": "| nodes | preflight |",
     "docs/stragglers.md": "| ranks | run | right |",
+    "docs/runs-and-failures.md": "| injection | how |",
 }
 
 

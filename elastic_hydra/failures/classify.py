@@ -136,7 +136,9 @@ def _unknown(record: FailureRecord, kernel: KernelSays) -> str:
 
 
 def _pids(kills: Sequence[tuple[int, str]]) -> str:
-    return "pid " + ", ".join(str(pid) for pid, _ in kills[-3:])
+    """The last three pids killed (the kernel names each twice: `oom-kill:` and `Killed`)."""
+    pids = list(dict.fromkeys(pid for pid, _ in kills))
+    return "pid " + ", ".join(map(str, pids[-3:]))
 
 
 def _line_of(text: str, at: int) -> str:
