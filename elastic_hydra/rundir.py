@@ -175,6 +175,18 @@ class RunDir:
     def rank_dir(self, attempt: int, local_rank: int) -> Path:
         return self.root / f"{_ATTEMPT}{attempt}" / str(local_rank)
 
+    def attempts(self) -> list[int]:
+        """The attempts whose directories exist, in order."""
+        found = [p.name.removeprefix(_ATTEMPT) for p in self.root.glob(f"{_ATTEMPT}*")]
+        return sorted(int(n) for n in found if n.isdigit())
+
+    def local_ranks(self, attempt: int) -> list[int]:
+        """The local ranks of an attempt whose directories exist, in order."""
+        where = self.root / f"{_ATTEMPT}{attempt}"
+        if not where.is_dir():
+            return []
+        return sorted(int(p.name) for p in where.iterdir() if p.name.isdigit() and p.is_dir())
+
     def stdout(self, attempt: int, local_rank: int) -> Path:
         return self.rank_dir(attempt, local_rank) / _STDOUT
 

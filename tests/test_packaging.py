@@ -123,3 +123,18 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path: Path) -> None:
     version = run([str(python), "-m", "elastic_hydra", "--version"], work, 60)
     assert version.stdout.startswith("elastic-hydra 0.1.0")
     assert sorted(p.name for p in work.iterdir()) == ["train.py"]
+
+
+def test_every_folder_of_the_package_is_in_the_wheel() -> None:
+    """A folder left out of pyproject's `packages` imports in the checkout and not in a wheel:
+    found here in a moment rather than by the wheel's run above."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        ".".join(p.parent.relative_to(REPO).parts)
+        for p in (REPO / "elastic_hydra").rglob("__init__.py")
+    }
+    assert folders - listed == set()

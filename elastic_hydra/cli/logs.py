@@ -17,7 +17,7 @@ from pathlib import Path
 from elastic_hydra.cli import top
 from elastic_hydra.errors import EXIT_CONFIG, ConfigError
 from elastic_hydra.report.logs import STREAMS, Merger, Select, Source, sources
-from elastic_hydra.rundir import LOGS_ROOT, RunDir
+from elastic_hydra.rundir import LOGS_ROOT, RunDir, finished_runs, running_runs
 from elastic_hydra.stopsignals import StopFlag, handle_signals
 
 POLL = 0.25  # seconds between looks at the files, following
@@ -170,12 +170,13 @@ def _pattern(text: str | None) -> re.Pattern[str] | None:
 
 
 def _newest() -> Path:
-    """The newest run under ./eh_logs, running or ended, named on stderr."""
+    """The newest run under ./eh_logs, running or ended, named on stderr (a multi-node run's,
+    not one of its nodes')."""
     root = Path(LOGS_ROOT)
-    runs = [p.parent for p in root.rglob("events.jsonl")] if root.is_dir() else []
-    runs = [r for r in runs if not (r.parent / "events.jsonl").is_file()]  # not a node's subdir
+    runs = [r for r in running_runs(root) + finished_runs(root) if r.events.is_file()]
+    runs = [r for r in runs if not RunDir(r.root.parent).events.is_file()]  # not a node's dir
     if not runs:
         raise ConfigError("logs", "no run found under", f"./{LOGS_ROOT}", "give a run dir")
-    newest = max(runs, key=lambda r: (r / "events.jsonl").stat().st_mtime)
+    newest = max(runs, key=lambda r: r.events.stat().st_mtime).root
     print(f"elastic-hydra logs: the newest run, {newest}", file=sys.stderr)
     return newest

@@ -5,13 +5,12 @@ The files hold no times, so ranks are merged by their order alone (`Merger`): th
 each rank is its head; a head that other ranks' heads equal is shown once for all of them
 (`[ranks 0-7]: ...`), after each of those ranks' earlier lines; heads that differ keep their
 rank. A traceback is never merged with another rank's, even an equal one: each is its own
-failure. Following a live run (`Merger.hold`), a head waits up to the merge window for the
+failure. Following a live run (`drain(final=False)`), a head waits up to the merge window for the
 ranks that have not written that far yet.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,6 @@ from elastic_hydra.report.events_file import read_events
 from elastic_hydra.rundir import RunDir
 
 STREAMS = ("stdout", "stderr")
-_ATTEMPT = re.compile(r"attempt_(\d+)")
 _TB_START = "Traceback (most recent call last):"
 _TB_LINKS = (
     "During handling of the above exception, another exception occurred:",
@@ -65,7 +63,7 @@ def sources(run: RunDir, chosen: Select) -> list[Source]:
     for name, node in nodes:
         if chosen.nodes is not None and name not in chosen.nodes:
             continue
-        attempts = sorted(_attempts(node.root))
+        attempts = node.attempts()
         if chosen.attempts is not None:
             attempts = [a for a in attempts if a in chosen.attempts]
         elif not chosen.all_attempts:
@@ -74,7 +72,7 @@ def sources(run: RunDir, chosen: Select) -> list[Source]:
         for attempt in attempts:
             base = bases.get(attempt, 0)
             for stream in chosen.streams:
-                for local in _local_ranks(node.root / f"attempt_{attempt}"):
+                for local in node.local_ranks(attempt):
                     rank = base + local
                     if chosen.ranks is not None and rank not in chosen.ranks:
                         continue
@@ -87,18 +85,6 @@ def sources(run: RunDir, chosen: Select) -> list[Source]:
                         Source(path=path, node=name, attempt=attempt, rank=rank, stream=stream)
                     )
     return found
-
-
-def _attempts(root: Path) -> Iterator[int]:
-    for p in root.glob("attempt_*"):
-        if (m := _ATTEMPT.fullmatch(p.name)) is not None and p.is_dir():
-            yield int(m.group(1))
-
-
-def _local_ranks(attempt_dir: Path) -> list[int]:
-    if not attempt_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in attempt_dir.iterdir() if p.name.isdigit() and p.is_dir())
 
 
 def _base_ranks(node: RunDir) -> dict[int, int]:

@@ -122,7 +122,8 @@ def outcome_report(
     earlier attempts (one line each, or `earlier_in_full` as the root cause), where the logs
     are."""
     title = f"elastic-hydra: {summary.status.replace('_', ' ')}"  # not a field name
-    if summary.failure_class not in (None, FailureClass.UNKNOWN):
+    told = summary.status in (RunStatus.FAILED, RunStatus.EXCLUDED)  # others say it already
+    if told and summary.failure_class not in (None, FailureClass.UNKNOWN):
         title += f" ({summary.failure_class})"
     headline = Text(f"{summary.message} ({took(summary)})")
     parts: list[RenderableType] = []

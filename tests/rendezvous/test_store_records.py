@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from elastic_hydra.plan import FailureClass
 from elastic_hydra.records.failures import FailureRecord, FailureSource
 from elastic_hydra.rendezvous.sealed_records import check, check_all, seal
 from elastic_hydra.tracebacks import Frame, Stack
@@ -31,7 +32,9 @@ RECORD = FailureRecord(
                       Frame(filename="u.py", lineno=7, name="h"))),
     ),
     error_file="/run/attempt_2/1/error.json", stderr_tail=("a", "boom"), stdout_log="o",
-    stderr_log="e", node_rank=1, rdzv_round=0, node=NODE,
+    stderr_log="e", failure_class=FailureClass.USER_ERROR,
+    evidence="the same ValueError at u.py:7 as attempt 1", repeat_of=1, node_rank=1,
+    rdzv_round=0, node=NODE,
 )  # fmt: skip
 
 
