@@ -157,9 +157,10 @@ class TorchRendezvous(Membership, JoinWait):
                     completed=waited is not None,
                 )
             )
-        # A node stopped by a signal, or one that failed its preflight or was excluded for a
-        # hardware fault, leaves the job running.
-        if status not in (Status.STOPPED, Status.PREFLIGHT_FAILED, Status.EXCLUDED):
+        # A node stopped by a signal, one that failed its preflight, was excluded for a hardware
+        # fault or is in the quarantine ledger leaves the job running for the others.
+        leaving = (Status.STOPPED, Status.PREFLIGHT_FAILED, Status.EXCLUDED, Status.QUARANTINED)
+        if status not in leaving:
             self.shutdown()
         checked = self.job_failures()
         return JobFailures(

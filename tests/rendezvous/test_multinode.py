@@ -7,6 +7,7 @@ Node loss is a `kill -9` of a whole agent; its workers die with it (PDEATHSIG).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -156,6 +157,55 @@ def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
             # cached 1 s each (a departure counts when a second read confirms it), and load.
             assert noticed < bound + 1 + 2 + 2, noticed
             assert agent.summary()["status"] == "succeeded"
+
+
+def test_a_quarantined_node_that_starts_leaves_the_others_training(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.json"
+    added = subprocess.run(
+        [*ELASTIC_HYDRA, "quarantine", "add", "node-9", "--reason", "ECC errors", "--ledger",
+         str(ledger)],
+        capture_output=True, text=True, env=launcher_env(), check=False,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        overrides = ("nnodes=2:3", "nproc_per_node=1", "rdzv.is_host=false",
+                     f"quarantine.ledger={ledger}", *FAST)  # fmt: skip
+        refused = j.start(*overrides, env={"SLURMD_NODENAME": "node-9"})
+        assert refused.proc.wait(timeout=AGENT_DEADLINE) == 6, refused.text()
+        for n in range(2):  # it closed nothing: the others meet and train
+            j.start(*overrides, env={"SLURMD_NODENAME": f"node-{n}", "EXIT_AT_WORLD": "2"})
+        assert j.finish(AGENT_DEADLINE) == [6, 0, 0], j.explain()
+    check_allreduce(j.world(2), 2)
+
+
+def test_a_node_whose_gpu_fails_leaves_for_the_ledger_and_the_rest_train_on(tmp_path: Path) -> None:
+    # A hardware failure (restart.on_class.hardware=exclude): its node leaves the job (exit 4)
+    # into the quarantine ledger; the others lose a peer, spend no restart, and go on as 2.
+    ledger = tmp_path / "ledger.json"
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        release = tmp_path / "release"
+        env = {"EXIT_AT_WORLD": "2", "RELEASE": str(release), "LOOP": "1"}
+        overrides = ("nnodes=2:3", "nproc_per_node=1", "rdzv.is_host=false",
+                     "restart.max_restarts=3", f"quarantine.ledger={ledger}", *FAST)  # fmt: skip
+        for n in range(3):  # one machine: each node its own name, as the ledger knows nodes
+            named = env | {"SLURMD_NODENAME": f"node-{n}"}
+            j.start(*overrides, env=named | ({"HARDWARE": "1"} if n == 2 else {}))
+        j.wait_world(3, AGENT_DEADLINE)
+        release.touch()
+        assert j.finish(AGENT_DEADLINE) == [0, 0, 4], j.explain()
+
+    check_allreduce(j.world(2), 2)
+    bad = j.agents[2].summary()
+    assert (bad["status"], bad["failure_class"], bad["restarts"]) == ("excluded", "hardware", 0)
+    assert "this node leaves the job: RuntimeError: CUDA error: uncorrectable ECC error" in (
+        j.agents[2].text()
+    )
+    (entry,) = json.loads(ledger.read_text())["entries"]
+    assert (entry["host"], entry["gpu"]) == ("node-2", None)
+    assert entry["reason"].startswith("hardware: RuntimeError: CUDA")
+    for agent in j.agents[:2]:
+        summary = agent.summary()
+        assert (summary["status"], summary["restarts"]) == ("succeeded", 0), summary
 
 
 def test_survivors_whose_collectives_a_dead_node_broke_spend_no_restart(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ Joins the job through env:// (as a torchrun worker), all_reduces RANK + 1 and ap
   all_reduce and once every rank of its round wrote its record, leaving the file
   `$OUT_DIR/failed`; only workers started after that may exit 0;
 - it exits 0 when WORLD_SIZE == EXIT_AT_WORLD and the file $RELEASE (if set) exists;
+- HARDWARE=1: on its first attempt, once every rank of its round wrote its record, it raises
+  CUDA's words for a broken GPU (a hardware failure: its node leaves the job);
 - LOOP=1: it keeps all_reducing meanwhile (every rank leaves together), so a peer that dies
   makes it fail, as a training loop would;
 - otherwise it waits (at most 120 s) until the launcher stops it for the next round.
@@ -77,6 +79,9 @@ def main() -> int:
         wait_for_peers(Path(env["OUT_DIR"]) / "records.jsonl", record)
         failed_marker.touch()
         raise ValueError(f"boom from rank {rank}")
+    if env.get("HARDWARE") == "1" and record["restart_count"] == 0:
+        wait_for_peers(Path(env["OUT_DIR"]) / "records.jsonl", record)
+        raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
     deadline = time.monotonic() + 120
     if (
         env.get("LOOP") == "1"
