@@ -112,11 +112,8 @@ def _class_decision(spec: RestartSpec, failure: Failure) -> Decision | None:
     action = spec.class_action(found)
     key = f"restart.on_class.{found.value}={action.value}"
     why = failure.evidence or _describe(failure.returncode)
-    if action is ClassAction.FAIL:
-        return Decision(
-            action=Action.FAIL, delay=0.0, reason=f"not retried: {why} ({found}; {key})"
-        )
-    if action is ClassAction.ONCE and failure.repeat_of is not None:
+    repeated = action is ClassAction.ONCE and failure.repeat_of is not None
+    if action is ClassAction.FAIL or repeated:
         return Decision(
             action=Action.FAIL, delay=0.0, reason=f"not retried: {why} ({found}; {key})"
         )

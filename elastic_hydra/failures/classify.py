@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from elastic_hydra.plan import FailureClass
-from elastic_hydra.records.failures import FailureRecord, describe_returncode
+from elastic_hydra.records.failures import FailureRecord, describe_returncode, lost_peer_at
 
 # Exceptions that a new attempt raises again, at the same place: nothing outside the script
 # changes between two attempts of a launch.
@@ -49,18 +49,14 @@ _COMM = re.compile(
     r"ncclInternalError|ncclSystemError|ncclRemoteError|ncclUnhandledCudaError|NCCL error|"
     r"DistBackendError|DistNetworkError|ProcessGroupNCCL|ProcessGroupGloo"
 )
-_PEER_LOST = re.compile(
-    r"Connection (closed|reset) by peer|failed to recv, got 0 bytes|Socket Timeout"
-)
-_DISTRIBUTED = re.compile(r"gloo|pair\.cc|NCCL|c10d|torch\.distributed|ProcessGroup")
-# Xid codes that point at the GPU, its memory or its links rather than at the program (NVIDIA's
-# Xid catalog: 48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92 high
-# single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP, 140 unrecovered ECC).
-# 13, 31, 43 (a program's illegal access) and 45 (a killed context) are not.
 _CRASH = "Fatal Python error"  # a faulthandler dump's "exception" (tracebacks.parse_fault)
 _TRANSIENT = re.compile(
     r"Connection|Timeout|^OSError$|^IOError$|^BrokenPipeError$|^InterruptedError$"
 )
+# Xid codes that point at the GPU, its memory or its links rather than at the program (NVIDIA's
+# Xid catalog: 48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92 high
+# single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP, 140 unrecovered ECC).
+# 13, 31, 43 (a program's illegal access) and 45 (a killed context) are not.
 HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 68, 69, 73, 74, 79, 92, 94, 95, 119, 120, 140})
 
 
@@ -105,9 +101,10 @@ def classify(record: FailureRecord, kernel: KernelSays = NOTHING) -> tuple[Failu
         return FailureClass.USER_ERROR, record.signature or record.message
     if m := _DISK_FULL.search(text):
         return FailureClass.INFRA, _line_of(text, m.start())
-    lost = _PEER_LOST.search(text) if _DISTRIBUTED.search(text) else None
-    if (m := _COMM.search(text) or lost) is not None:
+    if (m := _COMM.search(text)) is not None:
         return FailureClass.COMM, _line_of(text, m.start())
+    if (at := lost_peer_at(text)) is not None:  # the collateral check's own rule
+        return FailureClass.COMM, _line_of(text, at)
     said = sorted(_BAD_COMMAND.finditer(text), key=lambda m: m.group(0).startswith("usage"))
     if record.returncode == 2 and said:  # argparse's error line before its usage line
         return FailureClass.USER_ERROR, _line_of(text, said[0].start())

@@ -57,7 +57,13 @@ _DISTRIBUTED = re.compile(r"gloo|pair\.cc|NCCL|DistNetworkError|DistBackendError
 
 def lost_a_peer(error: str) -> bool:
     """Whether a failed rank's error reads as a lost peer rather than a fault of its own."""
-    return _LOST_PEER.search(error) is not None and _DISTRIBUTED.search(error) is not None
+    return lost_peer_at(error) is not None
+
+
+def lost_peer_at(error: str) -> int | None:
+    """Where in `error` it says a peer went away, in torch.distributed's words; None if not."""
+    found = _LOST_PEER.search(error)
+    return found.start() if found is not None and _DISTRIBUTED.search(error) else None
 
 
 # ---------------------------------------------------------------------------------- return codes
