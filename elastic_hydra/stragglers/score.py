@@ -12,8 +12,9 @@ slowdown is named within about MIN_SCORED steps of its onset), by a median margi
 arrival before its own of at least the threshold: `behind` seconds and RELATIVE times the job's
 median interval between collectives (a rank 15 ms late at 10 s steps is noise, not a
 straggler). It is cleared, with hysteresis, when it is last at fewer than CLEAR_SHARE of the
-last MIN_SCORED or its margin there falls under half the threshold. Nothing is said before
-MIN_SCORED collectives. Pure.
+last MIN_SCORED or its margin there falls under half the threshold, and is never named while
+that holds (the long window may still hold the stretch it was cleared of). Nothing is said
+before MIN_SCORED collectives. Pure.
 """
 
 from __future__ import annotations
@@ -105,16 +106,19 @@ class Tracker:
             short = recent[rank]
             if short.of < min(MIN_SCORED, self.window):
                 continue
+            clear = short.share < CLEAR_SHARE or short.behind < threshold / 2
             if rank not in self.named:
+                # Never named where it would be cleared: the long window still holds a stretch
+                # the rank was cleared of, and would name it again at every other update.
                 named = next(
                     (x for x, share in ((s, NAME_SHARE), (short, QUICK_SHARE))
-                     if x.share >= share and x.behind >= threshold),
+                     if x.share >= share and x.behind >= threshold and not clear),
                     None,
                 )  # fmt: skip
                 if named is not None:
                     self.named.add(rank)
                     changes.append(Change(named, named=True, threshold=threshold))
-            elif short.share < CLEAR_SHARE or short.behind < threshold / 2:
+            elif clear:
                 self.named.discard(rank)
                 changes.append(Change(short, named=False, threshold=threshold))
         return changes

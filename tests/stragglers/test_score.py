@@ -75,6 +75,22 @@ def test_a_slowdown_is_named_within_twenty_collectives_and_cleared_after_it() ->
     assert (cleared.named, cleared.score.rank) == (False, 1)
 
 
+def test_a_cleared_rank_is_not_named_again_on_the_stretch_it_was_cleared_of() -> None:
+    # Rank 2 is last by 0.1 s at collectives 25-64, then on time: scored after every
+    # collective, as a watch that keeps up does. Cleared within MIN_SCORED collectives of the
+    # end, it stays cleared while the long window still holds 40 late collectives of 50.
+    data = arrivals(4, range(1, 121), noise=0.002, seed=3)
+    data[2] = [Arrival("0", a.seq, a.op, a.time + (0.1 if 25 <= a.seq < 65 else 0.0))
+               for a in data[2]]  # fmt: skip
+    tracker, changes = Tracker(window=50, behind=0.01, world=4), []
+    for upto in range(1, 121):
+        part = {r: [a for a in items if a.seq <= upto] for r, items in data.items()}
+        changes += [(upto, c.score.rank, c.named) for c in tracker.update(*summarize(part))]
+    (named_at, *_), (cleared_at, *_) = changes  # named once, cleared once
+    assert [c[1:] for c in changes] == [(2, True), (2, False)]
+    assert named_at <= 25 + 15 and 65 < cleared_at <= 65 + 15
+
+
 def test_noise_and_a_rank_a_few_ms_late_at_long_steps_are_never_named() -> None:
     tracker = Tracker(window=50, behind=0.01, world=2)
     for seed in range(20):  # two ranks: each is last half the time, by noise
