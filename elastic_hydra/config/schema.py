@@ -227,6 +227,12 @@ class K8sConf:
     )
     workdir: str = key("", "the pods' working directory (script paths start there); '': image's")
     gpus_per_node: int = key(0, "nvidia.com/gpu limit of each pod; 0: none")
+    cpu: str | None = key(None, "CPU request and limit of each pod, e.g. 8 or 7500m; null: none")
+    memory: str | None = key(None, "memory request and limit of each pod, e.g. 64Gi; null: none")
+    shm: str | None = key(
+        "auto", "size of each pod's memory-backed /dev/shm (DataLoader workers, NCCL); auto: "
+        "half of k8s.memory, else 1Gi per worker; null: the runtime's (64 MiB)",
+    )  # fmt: skip
     pod_replacements: int = key(
         3, "pods the Job replaces after a failure the agent does not own (agent OOM-killed, "
         "node gone) before the Job fails; evictions and preemptions never count",

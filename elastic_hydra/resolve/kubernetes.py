@@ -16,7 +16,7 @@ from elastic_hydra.config.schema import K8sConf
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import LaunchPlan
 from elastic_hydra.resolve.resolver import Host, resolve_config
-from elastic_hydra.schedulers.manifests import K8sSpec
+from elastic_hydra.schedulers.manifests import SHM_AUTO, K8sSpec, quantity
 
 __all__ = ["K8sSpec", "default_name", "pod_plan", "resolve_k8s"]
 
@@ -65,6 +65,12 @@ def resolve_k8s(conf: K8sConf, *, fallback_name: str) -> K8sSpec:
     ):
         if count < 0:
             raise ConfigError(key, "is negative", count, "expected 0 or more")
+    cpu, memory, shm = (
+        _quantity("k8s.cpu", conf.cpu, "e.g. 8 or 7500m (cores)", least=0.001),
+        _quantity("k8s.memory", conf.memory, "e.g. 64Gi", least=2**20),
+        conf.shm if conf.shm == SHM_AUTO else _quantity("k8s.shm", conf.shm, "e.g. 16Gi or auto",
+                                                        least=2**20),
+    )  # fmt: skip
     return K8sSpec(
         image=conf.image,
         name=name,
@@ -73,9 +79,29 @@ def resolve_k8s(conf: K8sConf, *, fallback_name: str) -> K8sSpec:
         job_file=conf.job_file,
         workdir=conf.workdir,
         gpus_per_node=conf.gpus_per_node,
+        cpu=cpu,
+        memory=memory,
+        shm=shm,
         pod_replacements=conf.pod_replacements,
         jobset_restarts=conf.jobset_restarts,
     )
+
+
+def _quantity(key: str, value: str | None, example: str, *, least: float) -> str | None:
+    """A resource's quantity as Kubernetes writes it, or None.
+
+    Raises:
+        ConfigError: not a quantity, or less than `least` (a millicore, a MiB).
+    """
+    if value is None:
+        return None
+    try:
+        amount = quantity(str(value))
+    except ValueError:
+        raise ConfigError(key, "not a Kubernetes quantity", value, example) from None
+    if amount < least:
+        raise ConfigError(key, "is too small for a pod", value, example)
+    return str(value)
 
 
 def default_name(job_stem: str | None) -> str:

@@ -27,6 +27,7 @@ one inside the image. The rendezvous is reached by DNS: JobSet's headless servic
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,30 @@ JOBSET_ENV = (
 )
 
 
+# A Kubernetes quantity (apimachinery's resource.Quantity), without a sign: 8, 7500m, 64Gi, 1e9.
+QUANTITY = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?")
+_SUFFIX = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+           "P": 1e15, "E": 1e18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+           "Ei": 2**60}  # fmt: skip
+SHM_AUTO = "auto"
+SHM_PER_WORKER_GI = 1  # /dev/shm per worker when k8s.memory is not set
+
+
+def quantity(text: str) -> float:
+    """The value of a Kubernetes quantity (bytes for memory, cores for CPU).
+
+    Raises:
+        ValueError: not a quantity.
+    """
+    found = QUANTITY.fullmatch(text)
+    if found is None:
+        raise ValueError(text)
+    number, suffix = found.group(1), found.group(3) or ""
+    if suffix[:1] in "eE" and suffix:
+        return float(number + suffix)
+    return float(number) * _SUFFIX[suffix]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class K8sSpec:
     """The `k8s.*` keys, validated (resolve/kubernetes.py)."""
@@ -61,6 +86,9 @@ class K8sSpec:
     job_file: str  # the job file's path in the image; "": shipped in a ConfigMap
     workdir: str
     gpus_per_node: int
+    cpu: str | None  # a Kubernetes quantity: request = limit; None: none
+    memory: str | None  # the same
+    shm: str | None  # /dev/shm's size: a quantity, SHM_AUTO, or None (the runtime's 64 MiB)
     pod_replacements: int
     jobset_restarts: int
 
@@ -181,8 +209,8 @@ def _job_spec(spec: K8sSpec, work: Workload, env: list[dict[str, Any]]) -> dict[
     }
     if spec.workdir:
         container["workingDir"] = spec.workdir
-    if spec.gpus_per_node:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(spec.gpus_per_node)}}
+    if resources := _resources(spec):
+        container["resources"] = resources
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         # The agent stops its workers within stop_grace and then writes its summary.
@@ -191,9 +219,18 @@ def _job_spec(spec: K8sSpec, work: Workload, env: list[dict[str, Any]]) -> dict[
     }
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
     if work.job_text is not None and not spec.job_file:
-        container["volumeMounts"] = [{"name": "job", "mountPath": JOB_DIR, "readOnly": True}]
-        pod["volumes"] = [{"name": "job", "configMap": {"name": f"{spec.name}-job"}}]
+        mounts.append({"name": "job", "mountPath": JOB_DIR, "readOnly": True})
+        volumes.append({"name": "job", "configMap": {"name": f"{spec.name}-job"}})
+    if (shm := shm_size(spec, work.nproc_per_node)) is not None:
+        # A container's own /dev/shm is 64 MiB: DataLoader workers and NCCL fail in it.
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
+    if mounts:
+        container["volumeMounts"] = mounts
+        pod["volumes"] = volumes
     count = work.nnodes.max
     job: dict[str, Any] = {
         "completionMode": "Indexed",
@@ -213,6 +250,30 @@ def _job_spec(spec: K8sSpec, work: Workload, env: list[dict[str, Any]]) -> dict[
     if work.nnodes.min != work.nnodes.max:
         job["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
     return job
+
+
+def shm_size(spec: K8sSpec, nproc_per_node: int) -> str | None:
+    """The pods' /dev/shm size: `k8s.shm`, or for `auto` half of `k8s.memory` (a memory-backed
+    volume counts against the pod's memory limit), else 1Gi per worker."""
+    if spec.shm != SHM_AUTO:
+        return spec.shm
+    if spec.memory is not None:
+        return f"{int(quantity(spec.memory) / 2 / 2**20)}Mi"
+    return f"{SHM_PER_WORKER_GI * max(1, nproc_per_node)}Gi"
+
+
+def _resources(spec: K8sSpec) -> dict[str, Any]:
+    """Requests equal to limits for CPU and memory (a pod that gets what it asks for, and is
+    the last to be evicted); GPUs as a limit, which Kubernetes copies into the request."""
+    limits: dict[str, str] = {}
+    if spec.cpu is not None:
+        limits["cpu"] = spec.cpu
+    if spec.memory is not None:
+        limits["memory"] = spec.memory
+    requests = dict(limits)
+    if spec.gpus_per_node:
+        limits["nvidia.com/gpu"] = str(spec.gpus_per_node)
+    return {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
 
 
 def _failure_policy(spec: K8sSpec) -> dict[str, Any]:

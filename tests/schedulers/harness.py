@@ -274,15 +274,21 @@ def _pod_env(
     return env
 
 
-def _mounts(docs: list[dict[str, Any]], container: dict[str, Any], tmp: Path) -> dict[str, str]:
-    """ConfigMap volumes as directories: mount path -> local directory."""
+def _mounts(docs: list[dict[str, Any]], pod: dict[str, Any], tmp: Path) -> dict[str, str]:
+    """The pod's volumes as directories: mount path -> local directory. A ConfigMap's holds its
+    data; an emptyDir is empty (the pods of this stand-in share the host's /dev/shm)."""
     maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
     found = {}
-    for mount in container.get("volumeMounts", []):
+    for mount in pod["containers"][0].get("volumeMounts", []):
+        volume = volumes[mount["name"]]
         where = tmp / f"mount-{mount['name']}"
         where.mkdir(exist_ok=True)
-        for name, text in next(iter(maps.values())).items():
-            (where / name).write_text(text)
+        if "configMap" in volume:
+            for name, text in maps[volume["configMap"]["name"]].items():
+                (where / name).write_text(text)
+        else:
+            assert volume["emptyDir"]["medium"] == "Memory", volume
         found[mount["mountPath"]] = str(where)
     return found
 
@@ -316,7 +322,7 @@ def controller(docs: list[dict[str, Any]], tmp: Path, base_env: Mapping[str, str
         pet = {"PET_NNODES": str(count), "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
                "PET_MASTER_ADDR": f"{name}-node-0-0.{name}",
                "PET_MASTER_PORT": str(port)}  # fmt: skip
-    mounts = _mounts(docs, container, tmp)
+    mounts = _mounts(docs, job["template"]["spec"], tmp)
     for where, local in mounts.items():
         args = [local + a[len(where) :] if a.startswith(where + "/") else a for a in args]
     program = [sys.executable, "-m", "elastic_hydra"] if container["command"] == [

@@ -140,7 +140,40 @@ def test_k8s_keys_in_the_job_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     in_image = render(capsys, str(job), "k8s.job_file=/app/job.yaml", "--plan=jobset")
     assert [d["kind"] for d in in_image] == ["JobSet"]
     assert container(in_image)["args"][0] == "/app/job.yaml"
-    assert "volumes" not in job_spec(in_image)["template"]["spec"]
+    assert [v["name"] for v in job_spec(in_image)["template"]["spec"]["volumes"]] == ["dshm"]
+
+
+def volumes(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod's volumes by name, each with the container's mount of it."""
+    pod = job_spec(docs)["template"]["spec"]
+    mounts = {m["name"]: m for m in container(docs).get("volumeMounts", [])}
+    return {v["name"]: v | {"mount": mounts[v["name"]]} for v in pod.get("volumes", [])}
+
+
+@pytest.mark.parametrize("kind", ["jobset", "trainjob"])
+def test_resources_and_shared_memory(capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    base = (DDP, "nnodes=2:3", "nproc_per_node=4", IMAGE, f"--plan={kind}")
+    docs = render(capsys, *base, "k8s.cpu=15500m", "k8s.memory=64Gi", "k8s.gpus_per_node=4")
+    # CPU and memory: requested as much as the limit (the pod gets what it asks for, and is
+    # evicted last); the GPUs a limit, which Kubernetes copies into the request.
+    assert container(docs)["resources"] == {
+        "limits": {"cpu": "15500m", "memory": "64Gi", "nvidia.com/gpu": "4"},
+        "requests": {"cpu": "15500m", "memory": "64Gi"},
+    }
+    if kind == "trainjob":
+        assert docs[-1]["spec"]["trainer"]["resourcesPerNode"] == container(docs)["resources"]
+    # /dev/shm in memory, half the pod's memory: it counts against the pod's limit.
+    shm = volumes(docs)["dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32768Mi"}
+    assert shm["mount"] == {"name": "dshm", "mountPath": "/dev/shm"}
+    assert volumes(docs)["job"]["configMap"] == {"name": "elastic-hydra-ddp-job"}
+    # Without k8s.memory: 1Gi per worker; a size of one's own; none at all.
+    plain = render(capsys, *base)
+    assert "resources" not in container(plain)
+    assert volumes(plain)["dshm"]["emptyDir"]["sizeLimit"] == "4Gi"
+    sized = render(capsys, *base, "k8s.shm=12Gi", "k8s.memory=2Gi")
+    assert volumes(sized)["dshm"]["emptyDir"]["sizeLimit"] == "12Gi"
+    assert "dshm" not in volumes(render(capsys, *base, "k8s.shm=null"))
 
 
 @pytest.mark.parametrize(
@@ -152,6 +185,10 @@ def test_k8s_keys_in_the_job_file(tmp_path: Path, capsys: pytest.CaptureFixture[
         ([DDP, IMAGE, "k8s.gpus_per_node=-1", "--plan=jobset"], "k8s.gpus_per_node: is negative"),
         ([DDP, IMAGE, "k8s.job_file=job.yaml", "--plan=jobset"], "k8s.job_file: is not an abs"),
         ([DDP, "k8s.image=a b", "--plan=jobset"], "k8s.image: not an image reference"),
+        ([DDP, IMAGE, "k8s.cpu=lots", "--plan=jobset"], "k8s.cpu: not a Kubernetes quantity"),
+        ([DDP, IMAGE, "k8s.memory=-1Gi", "--plan=jobset"], "k8s.memory: not a Kubernetes qua"),
+        ([DDP, IMAGE, "k8s.memory=64", "--plan=jobset"], "k8s.memory: is too small for a pod"),
+        ([DDP, IMAGE, "k8s.shm=0", "--plan=trainjob"], "k8s.shm: is too small for a pod"),
         (["script=nope.py", IMAGE, "--plan=jobset"], "script: no such file"),
         ([DDP, IMAGE, "nnodes=0", "--plan=jobset"], "nnodes: needs at least 1 node"),
         ([DDP, IMAGE, "-m", "--plan=jobset"], "--plan: =jobset writes the manifest"),
