@@ -88,6 +88,11 @@ class DynamicBackend(enum.Enum):
     ETCD = "etcd"
 
 
+# torch's default heartbeats (keep_alive_interval 5 s x keep_alive_max_attempt 3): the bound
+# after which an elastic-hydra agent drops a torchrun agent of the same job.
+TORCH_DEPARTURE_BOUND = 15.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dynamic:
     """A torch.distributed.elastic rendezvous handler (c10d, etcd-v2 or legacy etcd)."""
@@ -109,8 +114,14 @@ class Dynamic:
 
     @property
     def departure_bound(self) -> float:
-        """A node without a heartbeat for this long has left (torch's own rule)."""
+        """An elastic-hydra agent without a heartbeat for this long has left (torch's rule)."""
         return self.keep_alive_interval * self.keep_alive_max_attempt
+
+    @property
+    def torchrun_departure_bound(self) -> float:
+        """... and a torchrun agent in the same job: judged at torch's default bound at least,
+        the heartbeats its own defaults send (`rendezvous.torch_handler.judge_heartbeats`)."""
+        return max(self.departure_bound, TORCH_DEPARTURE_BOUND)
 
 
 Rendezvous = Standalone | Static | Dynamic

@@ -56,7 +56,8 @@ class CollateralWait:
         if not self._lost_peers(failed):
             return None
         # The bound after the last heartbeat, and two reads of the shared state that confirm it.
-        deadline = self.clock.mono() + spec.departure_bound + spec.keep_alive_interval + 2
+        bound = node.departure_bound or spec.departure_bound
+        deadline = self.clock.mono() + bound + spec.keep_alive_interval + 2
         while self.stop_request.signum is None and self.clock.mono() < deadline:
             if (ended := self._membership(collateral=failed)) is not None:
                 self._after_node_loss(failed)

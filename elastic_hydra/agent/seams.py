@@ -32,6 +32,9 @@ class NodeAssignment:
     role_world_size: int
     master: Endpoint
     use_agent_store: bool = False
+    # Seconds after its last heartbeat that a peer of this round counts as gone (the longest
+    # of the round's: a torchrun agent's is torch's default); 0 without heartbeats.
+    departure_bound: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -51,10 +51,16 @@ class RdzvConf:
         None, "job id shared by all nodes (needed on 2+ nodes); null: a fresh uuid (standalone)"
     )
     join_timeout: float = key(600.0, "seconds to wait for the minimum number of nodes")
-    last_call_timeout: float = key(30.0, "seconds to wait for more nodes once MIN joined")
+    last_call_timeout: float = key(
+        2.0, "seconds to wait for more nodes once MIN joined (torchrun's: 30); enough for the "
+        "nodes of a running round to re-join after a change",
+    )  # fmt: skip
     close_timeout: float = key(30.0, "seconds to wait for the rendezvous to close")
     heartbeat_timeout: float = key(5.0, "c10d: heartbeat timeout, seconds")
-    keep_alive_interval: float = key(5.0, "seconds between a node's heartbeats")
+    keep_alive_interval: float = key(
+        1.0, "seconds between a node's heartbeats (torchrun's: 5; its agents in the job are "
+        "judged at its bound)",
+    )  # fmt: skip
     keep_alive_max_attempt: int = key(
         3, "heartbeats missed before a node counts as gone (the others re-rendezvous)"
     )

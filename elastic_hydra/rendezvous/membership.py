@@ -21,7 +21,13 @@ from elastic_hydra.errors import RendezvousError
 from elastic_hydra.plan import LaunchPlan
 from elastic_hydra.records.failures import PeerChange
 from elastic_hydra.rendezvous import store_keys
-from elastic_hydra.rendezvous.torch_handler import Store, dynamic_state, node_name, this_node
+from elastic_hydra.rendezvous.torch_handler import (
+    Store,
+    dynamic_state,
+    is_ours,
+    node_name,
+    this_node,
+)
 from elastic_hydra.rendezvous.torchrun_agents import TorchrunAgents
 
 STATE_CACHE = 1.0  # seconds torch's dynamic handler reuses its last read of the shared state
@@ -64,10 +70,11 @@ class Membership(TorchrunAgents):
         if gone or state.round != self._round:
             if state.round == self._round and not self._confirmed(gone):
                 return None
+            bound = (self.spec.departure_bound if all(is_ours(n) for n in gone)
+                     else self.spec.torchrun_departure_bound)  # fmt: skip
             return self._followed(
                 ChangeKind.LEFT,
-                f"{self._names(gone) or 'a node'} {PeerChange.LEFT} (no heartbeat for "
-                f"{self.spec.departure_bound:g} s)",
+                f"{self._names(gone) or 'a node'} {PeerChange.LEFT} (no heartbeat for {bound:g} s)",
                 nodes=len(alive) + new,
                 peers=self._peers(gone, PeerChange.LEFT),
             )

@@ -277,6 +277,9 @@ class TorchRendezvous(Membership, JoinWait):
             group_world_size=info.world_size,
             master=master,
             use_agent_store=self.handler.use_agent_store,
+            departure_bound=self.spec.torchrun_departure_bound
+            if self._torchrun
+            else self.spec.departure_bound,
             **node,
         )
 

@@ -72,6 +72,8 @@ def create_handler(
         local_addr=plan.local_addr,
         **options,
     )
+    if spec.backend is not DynamicBackend.ETCD:
+        _mark_our_nodes()
     started = time.monotonic()
     try:
         with _stores_bound_to_their_host():
@@ -86,7 +88,55 @@ def create_handler(
         handler._create_tcp_store_server = lambda addr, port: bound_tcp_store(
             addr, port, multi_tenant=True
         )
+    if (holder := getattr(handler, "_state_holder", None)) is not None:
+        slack = spec.torchrun_departure_bound - spec.departure_bound
+        judge_heartbeats(holder, datetime.timedelta(seconds=slack))
     return handler
+
+
+# The local ids torch's dynamic handler gives the nodes of an elastic-hydra agent: from here up
+# (torch counts handlers of one process from 0), so that every agent tells ours from torchrun's
+# in the shared state itself, from the first round on.
+OUR_NODES_FROM = 1 << 20
+
+
+def _mark_our_nodes() -> None:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    generator = DynamicRendezvousHandler._node_desc_generator
+    with generator._lock:
+        generator._local_id = max(generator._local_id, OUR_NODES_FROM)
+
+
+def is_ours(node: object) -> bool:
+    """Whether a node of torch's shared state is an elastic-hydra agent's (else torchrun's)."""
+    local_id = getattr(node, "local_id", 0)
+    return isinstance(local_id, int) and local_id >= OUR_NODES_FROM
+
+
+def judge_heartbeats(holder: Any, slack: datetime.timedelta) -> None:
+    """torch drops every node whose last heartbeat is older than this agent's bound
+    (keep_alive_interval x keep_alive_max_attempt). elastic-hydra agents beat every second; a
+    torchrun agent of the same job beats at torch's default, every 5 s: it is judged at torch's
+    default bound instead (`slack` longer), or it would be dropped alive between two beats.
+    The state is read back unchanged: only the judgement is shifted."""
+    if slack <= datetime.timedelta(0):
+        return
+    sanitize = holder._sanitize
+
+    def judged() -> None:
+        beats = holder._state.last_heartbeats
+        theirs = [node for node in beats if not is_ours(node)]
+        for node in theirs:
+            beats[node] += slack
+        try:
+            sanitize()
+        finally:
+            for node in theirs:
+                if node in beats:  # a node judged gone is out of the state
+                    beats[node] -= slack
+
+    holder._sanitize = judged
 
 
 def _hosts_store(spec: Dynamic) -> bool:

@@ -81,8 +81,17 @@ class TorchrunAgents:
     def _check_mixed(self, mixed: bool, first_round: bool) -> None:
         """A job with torchrun agents in it restarts only without TCP store sharing: torch
         2.13's agents keep their first round's store for the workers and never re-read its
-        address, while their workers reuse it without a per-attempt prefix (stale keys)."""
-        if not mixed or not self.handler.use_agent_store:
+        address, while their workers reuse it without a per-attempt prefix (stale keys). And
+        its timings are torch's where they judge torchrun agents: said once."""
+        if not mixed:
+            return
+        if first_round and self.spec.torchrun_departure_bound > self.spec.departure_bound:
+            self.say(
+                "elastic-hydra: torchrun agents are in this job: they are judged gone after "
+                f"{self.spec.torchrun_departure_bound:g} s without a heartbeat (torch's default), "
+                f"elastic-hydra agents after {self.spec.departure_bound:g} s"
+            )
+        if not self.handler.use_agent_store:
             return
         if not first_round:
             raise RendezvousError(self._mixed_restart_advice("the torchrun agents in it keep"))

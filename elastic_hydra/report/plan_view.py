@@ -160,10 +160,13 @@ def describe_rdzv(plan: LaunchPlan) -> str:
                 text += f", then last_call_timeout {r.last_call_timeout:g} s for more nodes"
             if legacy:
                 return text
+            theirs = r.torchrun_departure_bound
             return (
                 f"{text}; a node without a heartbeat for {r.departure_bound:g} s has left "
-                f"(keep_alive_interval {r.keep_alive_interval:g} s x {r.keep_alive_max_attempt})"
-            )
+                f"(keep_alive_interval {r.keep_alive_interval:g} s x {r.keep_alive_max_attempt}"
+                + (f"; a torchrun agent of the job: {theirs:g} s" if theirs > r.departure_bound
+                   else "") + ")"
+            )  # fmt: skip
     return str(r)  # pragma: no cover
 
 

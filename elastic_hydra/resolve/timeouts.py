@@ -98,14 +98,18 @@ def layers(plan: LaunchPlan) -> dict[str, Layer]:
             key="rdzv.keep_alive_interval x rdzv.keep_alive_max_attempt",
             source=f"{_given('rdzv.keep_alive_interval', interval, _RDZV.keep_alive_interval)}"
             f" x {_given('rdzv.keep_alive_max_attempt', beats, _RDZV.keep_alive_max_attempt)}",
-            why="a node silent this long has left: the others re-rendezvous, no restart spent",
+            why="a node silent this long has left: the others re-rendezvous, no restart spent"
+            + (f" (a torchrun agent of the job: {rdzv.torchrun_departure_bound:g} s, torch's "
+               "default)" if rdzv.torchrun_departure_bound > rdzv.departure_bound else ""),
         )  # fmt: skip
         if plan.nnodes.min < plan.nnodes.max:
             found["last call"] = Layer(
                 name="last call", seconds=rdzv.last_call_timeout, key="rdzv.last_call_timeout",
                 source=_given("rdzv.last_call_timeout", rdzv.last_call_timeout,
                               _RDZV.last_call_timeout),
-                why=f"once {plan.nnodes.min} node(s) joined, a round waits this long for more",
+                why=f"once {plan.nnodes.min} node(s) joined, a round waits this long for more: "
+                "the nodes of a running round re-join within it after a change (each sees the "
+                "change within a second of the others)",
             )  # fmt: skip
     if plan.preflight.mode is not PreflightMode.OFF:
         found["preflight"] = _preflight(plan)
@@ -212,7 +216,7 @@ def _rules(plan: LaunchPlan) -> list[tuple[str, str, bool, str, str]]:
         ("last call", "join", True,
          "a round that gets fewer than the most nodes passes the join deadline while it waits "
          "for more, and the rendezvous fails every time",
-         "Lower rdzv.last_call_timeout (e.g. 30) or raise rdzv.join_timeout."),
+         "Lower rdzv.last_call_timeout (e.g. 2) or raise rdzv.join_timeout."),
         ("preflight", "join", False,
          "a node that arrives while a round runs its battery waits for it on its join "
          "deadline, and fails its rendezvous (exit 3) when the battery outlasts it",

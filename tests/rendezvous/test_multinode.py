@@ -580,6 +580,31 @@ def test_an_elastic_hydra_agent_and_a_torchrun_agent_form_one_job(tmp_path: Path
     assert barrier and barrier[0].completed is True
 
 
+def test_a_torchrun_agent_on_torchs_heartbeats_is_not_dropped_by_ours(tmp_path: Path) -> None:
+    # Our defaults beat every second and drop a node after 3 s; torchrun's beat every 5 s. A
+    # torchrun agent on its defaults is judged at torch's bound, 15 s: 8 s of gloo steps (more
+    # than one of its 5 s gaps) pass with no membership change.
+    port = free_port()
+    steps = ["--", "40", "0.2", "0", "0", "0"]  # straggle.py: 40 steps of 0.2 s, none slowed
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+        ours = j.start(argv=[*j.command("nnodes=2", "nproc_per_node=1",
+                                        f"logs.root={tmp_path / 'agent0'}",
+                                        script=WORKERS / "straggle.py"), *steps])  # fmt: skip
+        j.start(argv=[
+            str(Path(sys.executable).with_name("torchrun")), "--nnodes=2", "--nproc-per-node=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={j.run_id}",
+            "--local-addr=127.0.0.1", str(WORKERS / "straggle.py"), *steps[1:],
+        ])  # fmt: skip
+        assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
+    assert not [e for e in ours.events() if isinstance(e, MembershipChange)], ours.text()
+    assert ours.summary()["status"] == "succeeded"
+    assert (
+        "elastic-hydra: torchrun agents are in this job: they are judged gone after 15 s without "
+        "a heartbeat (torch's default), elastic-hydra agents after 3 s"
+    ) in ours.text()
+    assert len((j.out / "arrived_0").read_text().split()) == 40  # every step ran
+
+
 def torchrun_argv(j: Job, port: int, *extra: str) -> list[str]:
     return [
         str(Path(sys.executable).with_name("torchrun")), "--nnodes=2", "--nproc-per-node=1",

@@ -545,11 +545,14 @@ def test_defaults_equal_torchrun(job_dir: Path) -> None:
     dynamic = plan_of(T, "rdzv=c10d").rdzv
     assert isinstance(dynamic, Dynamic)
     assert dynamic.join_timeout == 600.0
-    assert dynamic.last_call_timeout == 30.0
+    # Not torchrun's 30 s and 5 s: membership changes in seconds (torchrun agents of a job are
+    # still judged at torch's bound, 15 s).
+    assert dynamic.last_call_timeout == 2.0
     assert dynamic.close_timeout == 30.0
     assert dynamic.heartbeat_timeout == 5.0
-    assert dynamic.keep_alive_interval == 5.0
+    assert dynamic.keep_alive_interval == 1.0
     assert dynamic.keep_alive_max_attempt == 3
+    assert (dynamic.departure_bound, dynamic.torchrun_departure_bound) == (3.0, 15.0)
     assert dynamic.read_timeout == 60.0
     unnamed = plan_of(T, "rdzv=c10d")
     assert (unnamed.run_id, unnamed.torch_run_id) == (None, "none")  # torchrun's default rdzv id

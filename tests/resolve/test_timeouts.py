@@ -45,7 +45,7 @@ def test_torchs_defaults_are_the_ones_in_its_source() -> None:
 def test_the_layers_of_an_elastic_job_from_the_bottom_with_their_sources() -> None:
     derived = derive(plan_of("script=train.py", *ELASTIC, "rdzv.keep_alive_interval=4"))
     assert [(x.name, x.seconds) for x in derived.layers] == [
-        ("heartbeat", 12), ("last call", 30), ("join", 600), ("hang", 300),
+        ("heartbeat", 12), ("last call", 2), ("join", 600), ("hang", 300),
         ("collective", 1800), ("exit barrier", 300), ("stop grace", 30),
     ]  # fmt: skip
     by_name = {layer.name: layer for layer in derived.layers}
@@ -81,7 +81,7 @@ def test_gpu_workers_get_nccls_default_and_a_set_collective_timeout_wins() -> No
         (("hang.timeout=900", "timeouts.collective=600"), "hang", "collective"),
         (("hang.warmup=2000",), "hang", "collective"),  # the first verdict comes after warm-up
         ((*C10D, "rdzv.keep_alive_interval=200"), "heartbeat", "hang"),
-        ((*ELASTIC, "restart.max_restarts=1", "timeouts.collective=10", "hang.timeout=null"),
+        ((*ELASTIC, "restart.max_restarts=1", "timeouts.collective=2", "hang.timeout=null"),
          "heartbeat", "collective"),
     ],
 )  # fmt: skip
@@ -100,9 +100,9 @@ def test_risky_orders_warn(overrides: tuple[str, ...], lower: str, upper: str) -
          "rdzv.join_timeout (600 s) (got 600.0); expected rdzv.last_call_timeout < "
          "rdzv.join_timeout. A round that gets fewer than the most nodes passes the join "
          "deadline"),
-        (("timeouts.collective=10", "hang.timeout=null"),
+        (("timeouts.collective=2", "hang.timeout=null"),
          "rdzv.keep_alive_interval x rdzv.keep_alive_max_attempt: the heartbeat layer is not "
-         "shorter than the collective layer, timeouts.collective (10 s) (got 15.0)"),
+         "shorter than the collective layer, timeouts.collective (2 s) (got 3.0)"),
     ],
 )  # fmt: skip
 def test_orders_that_break_an_elastic_job_are_refused(
@@ -122,7 +122,7 @@ def test_the_command_refuses_with_one_line_and_exit_2(in_tmp: Path) -> None:
     assert refused.stderr.count("\n") == 1
     assert refused.stderr.startswith("elastic-hydra: error: rdzv.last_call_timeout: ")
     assert "rdzv.join_timeout (600 s) (got 900.0)" in refused.stderr
-    assert "Lower rdzv.last_call_timeout (e.g. 30) or raise rdzv.join_timeout." in refused.stderr
+    assert "Lower rdzv.last_call_timeout (e.g. 2) or raise rdzv.join_timeout." in refused.stderr
     launched = run("script=train.py", *ELASTIC, "rdzv.last_call_timeout=900", cwd=in_tmp)
     assert launched.returncode == 2 and "rdzv.last_call_timeout" in launched.stderr
 
@@ -149,7 +149,7 @@ def test_plan_prints_the_layers_and_a_risky_order_warns(in_tmp: Path) -> None:
 def test_the_preflight_is_a_layer_that_must_end_before_a_waiting_node_gives_up() -> None:
     derived = derive(plan_of("script=train.py", *ELASTIC, "preflight=quick"))
     assert [(x.name, x.seconds) for x in derived.layers][:4] == [
-        ("heartbeat", 15), ("last call", 30), ("preflight", 60), ("join", 600),
+        ("heartbeat", 3), ("last call", 2), ("preflight", 60), ("join", 600),
     ]  # fmt: skip
     by_name = {layer.name: layer for layer in derived.layers}
     assert by_name["preflight"].source == "preflight=quick, preflight.timeout=60 (default)"
