@@ -73,9 +73,14 @@ def ratios(keys: list[str], field: str = "ratio") -> str:
 
 def readme() -> list[str]:
     gap, rss = latest()["restart_gap@2"], latest()["rss"]
+    runs = result("membership.json")["runs"]
+    changes = ("join: 3 nodes running", "loss: 2 nodes running")
+    assert max(r[m] for r in runs["defaults"] for m in changes) < 10
+    assert min(r[m] for r in runs["torchrun's timings"] for m in changes) > 30
     return [
         f"restart gap {gap[EH]['median']:.3f} s vs torchrun's {gap[TR]['median']:.3f} s (2 "
         f"workers), agent memory {rss[EH]['median']:.0f} MiB vs {rss[TR]['median']:.0f} MiB",
+        "a lost or new node training again within 10 s, where torchrun's timings take over 30 s",
     ]
 
 
