@@ -25,6 +25,9 @@ import psutil
 import pytest
 from xdist.scheduler import LoadGroupScheduling
 
+# `--cpu-top`: the tests that cost the most CPU, in every run (pyproject's addopts).
+pytest_plugins = ["tests.cpu_report"]
+
 if TYPE_CHECKING:  # slurm_cluster uses wait_for from here: imported where it is needed
     from tests.slurm_cluster import SlurmCluster
 

@@ -80,7 +80,8 @@ def readme() -> list[str]:
     return [
         f"restart gap {gap[EH]['median']:.3f} s vs torchrun's {gap[TR]['median']:.3f} s (2 "
         f"workers), agent memory {rss[EH]['median']:.0f} MiB vs {rss[TR]['median']:.0f} MiB",
-        "a lost or new node's job running again within 10 s, where torchrun's timings take over 30 s",
+        "a lost or new node's job running again within 10 s, where torchrun's timings take over "
+        "30 s",
     ]
 
 
