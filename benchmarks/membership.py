@@ -2,7 +2,8 @@
 
     python benchmarks/membership.py [--runs 3] [--out DIR]
 
-A `nnodes=2:4` c10d job on loopback, its store hosted by the first agent, one idle worker per
+A `nnodes=2:4` c10d job on loopback, its store hosted by one of the first two agents (the third
+is never the host: it is the one killed), one idle worker per
 node (no torch: what is timed is the rendezvous, not a worker's imports). Each run: two agents
 start together; once both run their workers, a third starts; once it runs its worker, it is
 killed with SIGKILL (its whole process group). Times come from the agents' events.jsonl:

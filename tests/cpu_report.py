@@ -16,6 +16,7 @@ from collections.abc import Generator
 import pytest
 
 KEY = "cpu_s"
+START = pytest.StashKey[float]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,18 +33,15 @@ def _cpu() -> float:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
-    start = _cpu()
-    item.user_properties.append((KEY, start))  # replaced by the cost in the teardown report
+    item.stash[START] = _cpu()
     return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, object]:
     report = yield
-    if report.when == "teardown":
-        start = dict(item.user_properties).get(KEY)
-        if isinstance(start, float):
-            report.user_properties = [(KEY, _cpu() - start)]
+    if report.when == "teardown" and START in item.stash:
+        report.user_properties = [*report.user_properties, (KEY, _cpu() - item.stash[START])]
     return report
 
 

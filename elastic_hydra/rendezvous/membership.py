@@ -70,8 +70,8 @@ class Membership(TorchrunAgents):
         if gone or state.round != self._round:
             if state.round == self._round and not self._confirmed(gone):
                 return None
-            bound = (self.spec.departure_bound if all(is_ours(n) for n in gone)
-                     else self.spec.torchrun_departure_bound)  # fmt: skip
+            theirs = [n for n in gone if not is_ours(n)] if gone else self._torchrun
+            bound = self.spec.torchrun_departure_bound if theirs else self.spec.departure_bound
             return self._followed(
                 ChangeKind.LEFT,
                 f"{self._names(gone) or 'a node'} {PeerChange.LEFT} (no heartbeat for {bound:g} s)",

@@ -81,6 +81,7 @@ class TorchRendezvous(Membership, JoinWait):
         self._seen: set[str] = set()  # every node of every round this agent took part in
         # The round's torchrun agents (no facts published): torch's node -> (node rank, ranks)
         self._torchrun: dict[object, tuple[int, str]] = {}
+        self._told_timings = False
         self._gone: frozenset[object] = frozenset()  # members missing since _gone_at
         self._gone_at = 0.0
         secret = os.environ.get(sealed_records.SECRET_ENV)

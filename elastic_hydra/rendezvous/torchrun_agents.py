@@ -38,6 +38,7 @@ class TorchrunAgents:
     _round: int
     # The round's torchrun agents (no facts published): torch's node -> (node rank, ranks)
     _torchrun: dict[object, tuple[int, str]]
+    _told_timings: bool  # the line on torchrun agents' timings was said
 
     def _names(self, nodes: Collection[object]) -> str:
         return ", ".join(sorted(self._name(n) for n in nodes))
@@ -85,7 +86,11 @@ class TorchrunAgents:
         its timings are torch's where they judge torchrun agents: said once."""
         if not mixed:
             return
-        if first_round and self.spec.torchrun_departure_bound > self.spec.departure_bound:
+        if (
+            not self._told_timings
+            and self.spec.torchrun_departure_bound > self.spec.departure_bound
+        ):
+            self._told_timings = True
             self.say(
                 "elastic-hydra: torchrun agents are in this job: they are judged gone after "
                 f"{self.spec.torchrun_departure_bound:g} s without a heartbeat (torch's default), "

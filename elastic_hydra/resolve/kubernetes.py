@@ -71,6 +71,12 @@ def resolve_k8s(conf: K8sConf, *, fallback_name: str) -> K8sSpec:
         conf.shm if conf.shm == SHM_AUTO else _quantity("k8s.shm", conf.shm, "e.g. 16Gi or auto",
                                                         least=2**20),
     )  # fmt: skip
+    if memory is not None and shm not in (None, SHM_AUTO) and quantity(shm) > quantity(memory):
+        raise ConfigError(
+            "k8s.shm", f"is more than the pod's memory, k8s.memory={memory} (/dev/shm in memory "
+            "counts against it: the pod would be OOM-killed filling it)", shm,
+            "a size under k8s.memory, or auto (half of it)",
+        )  # fmt: skip
     return K8sSpec(
         image=conf.image,
         name=name,

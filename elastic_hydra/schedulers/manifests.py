@@ -70,7 +70,7 @@ def quantity(text: str) -> float:
     if found is None:
         raise ValueError(text)
     number, suffix = found.group(1), found.group(3) or ""
-    if suffix[:1] in "eE" and suffix:
+    if suffix not in _SUFFIX:  # an exponent, e.g. 1e9 (E alone is exa, Ei exbi)
         return float(number + suffix)
     return float(number) * _SUFFIX[suffix]
 
@@ -258,7 +258,7 @@ def shm_size(spec: K8sSpec, nproc_per_node: int) -> str | None:
     if spec.shm != SHM_AUTO:
         return spec.shm
     if spec.memory is not None:
-        return f"{int(quantity(spec.memory) / 2 / 2**20)}Mi"
+        return f"{max(1, int(quantity(spec.memory) / 2 / 2**20))}Mi"
     return f"{SHM_PER_WORKER_GI * max(1, nproc_per_node)}Gi"
 
 

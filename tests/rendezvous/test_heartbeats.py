@@ -62,9 +62,13 @@ def test_a_torchrun_agent_silent_for_a_beat_of_its_own_is_kept() -> None:
     holder, backend = holder_after({ours: 0.5, theirs: 6.0})  # torchrun beats every 5 s
     assert set(holder.state.participants) == {ours, theirs}
     assert holder._dead_nodes == []
-    # Only the judgement moved: the heartbeat in the state is the one in the store.
+    # Only the judgement moved: the heartbeat in the state is the one in the store, and a
+    # state this node writes back carries it unchanged.
     stored = pickle.loads(backend.bits).last_heartbeats[theirs]
     assert holder.state.last_heartbeats[theirs] == stored
+    holder.mark_dirty()
+    holder.sync()
+    assert backend.token == 1 and pickle.loads(backend.bits).last_heartbeats[theirs] == stored
 
 
 def test_each_is_dropped_after_its_own_bound() -> None:

@@ -16,6 +16,7 @@ import yaml  # type: ignore[import-untyped]
 
 from elastic_hydra.cli.run import main
 from elastic_hydra.errors import EXIT_CONFIG
+from elastic_hydra.schedulers.manifests import quantity
 from tests.conftest import REPO
 from tests.schedulers import validate
 
@@ -150,6 +151,21 @@ def volumes(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {v["name"]: v | {"mount": mounts[v["name"]]} for v in pod.get("volumes", [])}
 
 
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("8", 8), ("7500m", 7.5), ("64Gi", 64 * 2**30), ("1.5G", 1.5e9), ("1e9", 1e9),
+     ("1E3", 1e3), ("1E", 1e18), ("2Ei", 2 * 2**60), (".5", 0.5), ("5.", 5), ("100u", 1e-4)],
+)  # fmt: skip
+def test_kubernetes_quantities(text: str, value: float) -> None:
+    assert quantity(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1Gi", "1GiB", "1 Gi", "0x10", "1e", "Gi"])
+def test_what_is_not_a_quantity(text: str) -> None:
+    with pytest.raises(ValueError):
+        quantity(text)
+
+
 @pytest.mark.parametrize("kind", ["jobset", "trainjob"])
 def test_resources_and_shared_memory(capsys: pytest.CaptureFixture[str], kind: str) -> None:
     base = (DDP, "nnodes=2:3", "nproc_per_node=4", IMAGE, f"--plan={kind}")
@@ -171,7 +187,7 @@ def test_resources_and_shared_memory(capsys: pytest.CaptureFixture[str], kind: s
     plain = render(capsys, *base)
     assert "resources" not in container(plain)
     assert volumes(plain)["dshm"]["emptyDir"]["sizeLimit"] == "4Gi"
-    sized = render(capsys, *base, "k8s.shm=12Gi", "k8s.memory=2Gi")
+    sized = render(capsys, *base, "k8s.shm=12Gi", "k8s.memory=16Gi")
     assert volumes(sized)["dshm"]["emptyDir"]["sizeLimit"] == "12Gi"
     assert "dshm" not in volumes(render(capsys, *base, "k8s.shm=null"))
 
@@ -189,6 +205,7 @@ def test_resources_and_shared_memory(capsys: pytest.CaptureFixture[str], kind: s
         ([DDP, IMAGE, "k8s.memory=-1Gi", "--plan=jobset"], "k8s.memory: not a Kubernetes qua"),
         ([DDP, IMAGE, "k8s.memory=64", "--plan=jobset"], "k8s.memory: is too small for a pod"),
         ([DDP, IMAGE, "k8s.shm=0", "--plan=trainjob"], "k8s.shm: is too small for a pod"),
+        ([DDP, IMAGE, "k8s.shm=8Gi", "k8s.memory=4Gi", "--plan=jobset"], "k8s.shm: is more than"),
         (["script=nope.py", IMAGE, "--plan=jobset"], "script: no such file"),
         ([DDP, IMAGE, "nnodes=0", "--plan=jobset"], "nnodes: needs at least 1 node"),
         ([DDP, IMAGE, "-m", "--plan=jobset"], "--plan: =jobset writes the manifest"),
