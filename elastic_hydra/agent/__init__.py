@@ -16,6 +16,8 @@ processes (`launch.wiring`) and against fakes with a fake clock (the executor te
 - `inherit`: the half of that environment a worker inherits from the agent's, and the names of
   the launcher's contract; it imports nothing, so the warm template's first instant can use it.
 - `events`: the run's timeline, one typed record per event.
+- `phases`: the phase the agent is in, folded from those events: the one state machine behind
+  `top`'s phase (`observe.status`) and the goodput ledger (`report.goodput`).
 - `outcome`: how the whole run ended: its workers' exits and failure records (`records/`; a
   failed worker's files are read once, through a seam, when its exit is seen).
 - `round_gates`: what a node passes between the rendezvous and its workers: the quarantine

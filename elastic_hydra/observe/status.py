@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from elastic_hydra.agent import events
 from elastic_hydra.agent.outcome import Status
+from elastic_hydra.agent.phases import AgentPhase, PhaseMachine
 from elastic_hydra.jsonrecord import JsonRecord
 from elastic_hydra.records.stragglers import Score
 
@@ -34,14 +35,31 @@ class StatusRecordError(ValueError):
 
 
 class JobPhase(enum.StrEnum):
-    """Where this node's agent is in the job."""
+    """Where this node's agent is in the job: the record's words for the phases of
+    `agent.phases` (the goodput ledger's source too)."""
 
-    RENDEZVOUS = "rendezvous"  # waiting for a round (the first, or after a membership change)
+    RENDEZVOUS = "rendezvous"  # starting, or waiting for a round (the first, or after a change)
     PREFLIGHT = "preflight"  # the round's preflight battery runs (preflight=quick|full)
     RUNNING = "running"  # the workers run
-    RESTARTING = "restarting"  # a failure or a hang: the workers are restarted
-    STOPPING = "stopping"  # a signal stops the workers
+    RESTARTING = "restarting"  # a restart was decided: the workers are started again
+    STOPPING = "stopping"  # the workers stop or ended: a signal, a failure, the job's end
     DONE = "done"  # the agent ended (the record's `status` says how)
+
+    @classmethod
+    def of(cls, phase: AgentPhase) -> JobPhase:
+        return _JOB_PHASE[phase]
+
+
+_JOB_PHASE = {
+    AgentPhase.STARTUP: JobPhase.RENDEZVOUS,
+    AgentPhase.RENDEZVOUS: JobPhase.RENDEZVOUS,
+    AgentPhase.PREFLIGHT: JobPhase.PREFLIGHT,
+    AgentPhase.RUNNING: JobPhase.RUNNING,
+    AgentPhase.FAILED: JobPhase.STOPPING,  # the group is stopped; a restart may follow
+    AgentPhase.RESTART: JobPhase.RESTARTING,
+    AgentPhase.STOPPING: JobPhase.STOPPING,
+    AgentPhase.DONE: JobPhase.DONE,
+}
 
 
 class WorkerState(enum.StrEnum):
@@ -194,9 +212,7 @@ class Tracker:
         self, *, node: str, nproc: int, agent_pid: int, period: float, preflight: bool = False
     ) -> None:
         self.node, self.nproc, self.agent_pid, self.period = node, nproc, agent_pid, period
-        self.preflight = preflight  # a battery runs after each round, until its verdict
-        self.phase = JobPhase.RENDEZVOUS
-        self.before_preflight = JobPhase.RENDEZVOUS  # the phase the verdict returns to
+        self.machine = PhaseMachine(preflight=preflight)  # a battery after each round
         self.node_rank: int | None = None
         self.nodes: int | None = None
         self.base_rank = 0
@@ -207,17 +223,20 @@ class Tracker:
         self.workers: list[WorkerStatus] = []
         self.counts = Counts()
 
+    @property
+    def phase(self) -> JobPhase:
+        return JobPhase.of(self.machine.phase)
+
     def emit(self, event: events.Event) -> None:
         """Fold one event into the state."""
+        self.machine.see(event)
         match event:
             case events.Joining():
                 self.attempt = event.attempt
-                if self.phase is not JobPhase.RESTARTING:
-                    self.phase = JobPhase.RENDEZVOUS
             case events.RendezvousRound():
                 self._round(event)
             case events.WorkersStarted():
-                self.phase, self.attempt = JobPhase.RUNNING, event.attempt
+                self.attempt = event.attempt
                 self.workers = [
                     WorkerStatus(
                         rank=self.base_rank + lr, local_rank=lr, pid=pid,
@@ -228,18 +247,15 @@ class Tracker:
             case events.WorkerExited():
                 self._exited(event)
             case events.Restart():
-                self.phase, self.restarts = JobPhase.RESTARTING, event.restart
+                self.restarts = event.restart
                 self._bump(self.counts.restarts, "failure" if event.rank is not None else "hang")
                 self._bump(self.counts.failures, event.failure_class.value)
                 self._all(WorkerState.RESTARTING)
             case events.MembershipChange():
                 self._bump(self.counts.membership, event.change.value)
-                self.phase = JobPhase.RENDEZVOUS
             case events.Preflight():
                 self._bump(self.counts.preflight, "passed" if event.passed else "failed")
                 self.counts.preflight_failed_nodes += len(event.bad_nodes)
-                if self.phase is JobPhase.PREFLIGHT:
-                    self.phase = self.before_preflight
             case events.Quarantined():
                 self.counts.quarantine_refusals += 1
             case events.HangWatchStarted():
@@ -247,10 +263,8 @@ class Tracker:
             case events.Hang():
                 self._bump(self.counts.hangs, event.action.value)
                 self._all(WorkerState.HUNG, only=WorkerState.RUNNING)
-            case events.Stopping():
-                self.phase = JobPhase.STOPPING
             case events.Finish():
-                self.phase, self.status = JobPhase.DONE, event.status
+                self.status = event.status
                 if event.failure_class is not None:
                     self._bump(self.counts.failures, event.failure_class.value)
                 self._all(WorkerState.STOPPED, only=WorkerState.RUNNING)
@@ -258,8 +272,6 @@ class Tracker:
 
     def _round(self, event: events.RendezvousRound) -> None:
         self.counts.rounds += 1
-        if self.preflight:  # the executor runs the battery right after the round
-            self.before_preflight, self.phase = self.phase, JobPhase.PREFLIGHT
         self.node_rank, self.nodes, self.attempt = event.node_rank, event.nodes, event.attempt
         self.base_rank = event.base_rank if event.base_rank is not None else self.base_rank
         self.workers = [

@@ -2,11 +2,13 @@
 Pure: the events, the agent's start and end, and the progress notes come in as values.
 
 One node's timeline is cut into spans, each of one `Phase`, so that every second between the
-agent's start and its end belongs to exactly one phase:
+agent's start and its end belongs to exactly one phase. The cuts are the changes of the agent's
+phase machine (`agent.phases`, which `top`'s live phase reads too), with what only hindsight
+knows added:
 
 - start-up: agent start to the first `joining`, and the first round to its workers started;
-- rendezvous: `joining` to the round (the first one), and a membership change to the next
-  attempt's workers running (stopping the group, the new round, the spawn);
+- rendezvous: `joining` to the round (the first one), and a membership change (the ranks a lost
+  node broke included) to the next attempt's workers running (stopping the group, the new round, the spawn);
 - preflight: the battery between a round and the workers, from the `preflight` event (stamped at
   the verdict, with the node's `seconds` in the battery): the `seconds` before it, carved out of
   whichever phase the round was in (start-up, rendezvous or restart), which goes on after it;
@@ -33,19 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from elastic_hydra.agent.events import (
-    Event,
-    Finish,
-    Hang,
-    Joining,
-    MembershipChange,
-    Preflight,
-    RendezvousRound,
-    SignalReceived,
-    WorkerExited,
-    WorkersStarted,
-)
-from elastic_hydra.plan import HangAction
+from elastic_hydra.agent.events import Event, Finish, Hang, Preflight, WorkerExited, WorkersStarted
+from elastic_hydra.agent.phases import AgentPhase, PhaseMachine
 from elastic_hydra.records.goodput import Ledger, LostWork, Phase, PhaseTime
 
 _AFTER_FAILURE = None  # a span after a failure: restart if an attempt follows, else stopping
@@ -65,62 +56,60 @@ class Span:
         return max(0.0, self.end - self.start)
 
 
+# The ledger's phase for each of the machine's; a failure's stretch is told by what follows it.
+_LEDGER = {
+    AgentPhase.STARTUP: Phase.STARTUP,
+    AgentPhase.RENDEZVOUS: Phase.RENDEZVOUS,
+    AgentPhase.PREFLIGHT: Phase.PREFLIGHT,
+    AgentPhase.RUNNING: Phase.RUNNING,
+    AgentPhase.FAILED: _AFTER_FAILURE,
+    AgentPhase.RESTART: Phase.RESTART,
+    AgentPhase.STOPPING: Phase.STOPPING,
+    AgentPhase.DONE: Phase.STOPPING,  # the exit barrier, the records, the summary
+}
+
+
 class _Cutter:
-    """Walks the events once, opening a new span at each phase boundary."""
+    """Walks the events once through the agent's phase machine, opening a new span at each
+    change; adds what hindsight knows (the hung stretches, the preflight battery's seconds, the
+    work a failure lost)."""
 
     def __init__(self, start: float) -> None:
+        self.machine = PhaseMachine()
         self.marks: list[tuple[float, Phase | None, int | None]] = [(start, Phase.STARTUP, None)]
         self.hung: list[tuple[float, float]] = []
         # attempt, what failed, when, the last progress before (None: not known)
         self.lost: list[tuple[int, str, float, float | None]] = []
-        self.attempt: int | None = None
         self.started_at = start
-        self.workers = 0
-        self.exited = 0
 
     @property
-    def phase(self) -> Phase | None:
-        return self.marks[-1][1]
+    def attempt(self) -> int | None:
+        return self.machine.attempt
 
     def mark(self, at: float, phase: Phase | None) -> None:
         self.marks.append((max(at, self.marks[-1][0]), phase, self.attempt))
 
     def see(self, ev: Event) -> None:
+        running = self.machine.phase is AgentPhase.RUNNING
+        before = _LEDGER[self.machine.phase]
         match ev:
-            case Joining() if self.attempt is None:
-                self.mark(ev.mono_time, Phase.RENDEZVOUS)
-            case RendezvousRound() if self.attempt is None:
-                self.mark(ev.mono_time, Phase.STARTUP)
-            case WorkersStarted():
-                self.attempt, self.started_at = ev.attempt, ev.mono_time
-                self.workers, self.exited = len(ev.pids), 0
-                self.mark(ev.mono_time, Phase.RUNNING)
-            case WorkerExited() if self.phase is Phase.RUNNING:
-                self.exited += 1
-                if ev.returncode != 0 and not ev.terminated_by_launcher:
-                    since = None  # the watch's last progress, on the monotonic clock
-                    if ev.last_progress is not None:
-                        since = ev.last_progress - (ev.wall_time - ev.mono_time)
-                        since = max(min(since, ev.mono_time), self.started_at)
-                    cause = f"rank {ev.rank} {ev.exit}"
-                    self.lost.append((ev.attempt, cause, ev.mono_time, since))
-                    self.mark(ev.mono_time, _AFTER_FAILURE)
-                elif self.exited >= self.workers:
-                    self.mark(ev.mono_time, Phase.STOPPING)
-            case Hang() if self.phase is Phase.RUNNING:
+            case WorkerExited() if running and ev.returncode != 0 and not ev.terminated_by_launcher:
+                since = None  # the watch's last progress, on the monotonic clock
+                if ev.last_progress is not None:
+                    since = ev.last_progress - (ev.wall_time - ev.mono_time)
+                    since = max(min(since, ev.mono_time), self.started_at)
+                self.lost.append((ev.attempt, f"rank {ev.rank} {ev.exit}", ev.mono_time, since))
+            case Hang() if running:
                 since = max(ev.mono_time - ev.idle, self.started_at, self.marks[-1][0])
                 self.hung.append((since, ev.mono_time))
                 self.lost.append((ev.attempt, "hang", ev.mono_time, since))
-                if ev.action is not HangAction.REPORT:
-                    self.mark(ev.mono_time, _AFTER_FAILURE)
-            case Preflight() if self.phase is not Phase.RUNNING:
-                before = self.phase  # start-up, rendezvous or restart: it goes on after
+            case Preflight() if not running:  # the battery, carved out of the phase it was in
                 self.mark(ev.mono_time - max(0.0, ev.seconds), Phase.PREFLIGHT)
                 self.mark(ev.mono_time, before)
-            case MembershipChange() if self.phase is Phase.RUNNING:
-                self.mark(ev.mono_time, Phase.RENDEZVOUS)
-            case SignalReceived() | Finish() if self.phase is not _AFTER_FAILURE:
-                self.mark(ev.mono_time, Phase.STOPPING)
+        if self.machine.see(ev):
+            if isinstance(ev, WorkersStarted):
+                self.started_at = ev.mono_time
+            self.mark(ev.mono_time, _LEDGER[self.machine.phase])
 
     def spans(self, end: float, last: Event | None) -> list[Span]:
         marks = list(self.marks)
@@ -134,7 +123,20 @@ class _Cutter:
             final = phase or (Phase.RESTART if restarted else Phase.STOPPING)
             span = Span(phase=final, start=at, end=min(until, end), attempt=attempt)
             out += _carve(span, self.hung)
-        return [s for s in out if s.end > s.start]
+        return _merged([s for s in out if s.end > s.start])
+
+
+def _merged(cut: list[Span]) -> list[Span]:
+    """Neighbouring spans of one phase and attempt as one (a failure that ended the run, then
+    its `finish`: one stretch of stopping)."""
+    out: list[Span] = []
+    for span in cut:
+        if out and (out[-1].phase, out[-1].attempt) == (span.phase, span.attempt):
+            out[-1] = Span(phase=span.phase, start=out[-1].start, end=span.end,
+                           attempt=span.attempt)  # fmt: skip
+        else:
+            out.append(span)
+    return out
 
 
 def _carve(span: Span, hung: Sequence[tuple[float, float]]) -> list[Span]:
