@@ -20,6 +20,7 @@ The folders, from the user down (each `__init__` says what it owns):
     quarantine/  bad hosts and GPUs kept out of later rounds and jobs: the ledger, the gate
     schedulers/  what a scheduler tells a node (Slurm, Kubeflow, JobSet ...); the manifests
     warm/        warm starts: workers forked from a template that imported the job's modules
+    checkpoint/  snapshots of the workers' state kept by the agent; the job's durable copies
     records/     the typed records of a run: failures, hangs, stragglers, goodput, preflight,
                  summary
 

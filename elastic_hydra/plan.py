@@ -353,6 +353,19 @@ class WarmSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointSpec:
+    """`checkpoint.*`: the snapshots the agent keeps for its workers (`checkpoint/`), and the
+    job's durable copies of them."""
+
+    home: str  # absolute: the same for every node and every relaunch of the job
+    job: str  # the job as its copies name it (the entrypoint, the run id): others are refused
+    resume: bool = True  # a launch resumes from the newest complete copy in the home
+    keep: int = 2  # complete copies kept in the home
+    max_memory: int = 0  # bytes one rank's snapshot may take; 0: no limit
+    memory: str = "/dev/shm"  # where the snapshot areas go
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchPlan:
     """Everything the executor needs for one launch, validated."""
 
@@ -378,6 +391,7 @@ class LaunchPlan:
     collective_timeout: float | None = None  # timeouts.collective; None: torch's default
     warm: WarmSpec = WarmSpec()  # () for cmd= and bootstrap=false: they start cold
     preflight: PreflightSpec = PreflightSpec()
+    checkpoint: CheckpointSpec | None = None  # None: no snapshots kept (a plan made by hand)
     # When the launch began (epoch seconds: the instant its run dir is named after); the workers
     # get it (a Hydra app's `${now:}` in them). None: the agent's own start (a sweep's job).
     launch_time: float | None = None

@@ -34,7 +34,8 @@ FOLDERS: dict[str, set[str]] = {
             "observe",
             "quarantine",  # `top`
             "schedulers",  # `--plan` names the detected scheduler, prints manifests
-            "warm"},  # the entry point starts the warm template before the composition
+            "warm",  # the entry point starts the warm template before the composition
+            "checkpoint"},  # --plan says what a launch would resume from
     "torchrun": set(),
     "config": {"schedulers"},  # `eh.launch` names a Slurm step's run directory (its `slurm`)
     "resolve": {"config", "schedulers"},  # rdzv=kubeflow... read their scheduler's variables
@@ -44,7 +45,8 @@ FOLDERS: dict[str, set[str]] = {
                "preflight",  # the battery between a round and the workers
                "stragglers",  # the straggler watch beside the hang watch
                "failures",  # a failed worker's class, from its record and the kernel log
-               "warm"},
+               "warm",
+               "checkpoint"},  # the snapshot area and the checkpoint home of the workers
     "agent": set(),
     "workers": {"agent"},
     "rendezvous": {"agent"},
@@ -58,6 +60,8 @@ FOLDERS: dict[str, set[str]] = {
     "stragglers": {"agent"},  # the watch's seams (JobShare, NodeAssignment)
     "schedulers": set(),
     "failures": set(),  # the classifier on records; the kernel log's reader
+    # The worker environment's names, the node exchange seam; the /proc reader (a dead agent).
+    "checkpoint": {"agent", "workers"},
     RECORDS: set(),  # imports the root only; every folder may import it, as it may the root
     ROOT: set(),  # imports no folder, records/ included
 }  # fmt: skip
@@ -87,7 +91,8 @@ MAY_IMPORT = {
              "observe.view"},  # `top`'s table
     # The preflight probe runs in the preflight's worker processes (python -m), never in an
     # agent: no module imports it (test_the_preflight_probe_is_run_not_imported).
-    "torch": {"rendezvous", "preflight.probe"},
+    # The snapshot codec runs in the workers, with the torch their script imported.
+    "torch": {"rendezvous", "preflight.probe", "checkpoint.codec"},
 }  # fmt: skip
 
 

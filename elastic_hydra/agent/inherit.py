@@ -22,6 +22,10 @@ FR_ENTRIES = "2000"
 # ours; the rendezvous secret signs the agents' records and workers never need it.
 AGENT_ONLY = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "ELASTIC_HYDRA_RDZV_SECRET")
 
+# The node's snapshot area (checkpoint/) and the most bytes one rank's snapshot may take there.
+SNAPSHOTS = "ELASTIC_HYDRA_SNAPSHOTS"
+SNAPSHOT_LIMIT = "ELASTIC_HYDRA_SNAPSHOT_LIMIT"
+
 # Every variable the launcher's contract may set (torchrun's, then ours). A warm worker gets all
 # of them after the fork: none is in the template while it imports.
 CONTRACT = frozenset(
@@ -36,6 +40,7 @@ CONTRACT = frozenset(
         "ELASTIC_HYDRA_STACKS_FILE", "ELASTIC_HYDRA_STACKS_SIGNAL",
         "ELASTIC_HYDRA_PROGRESS_FILE", "ELASTIC_HYDRA_PROGRESS_EVERY",
         "ELASTIC_HYDRA_COLLECTIVES_FILE", "ELASTIC_HYDRA_ARRIVALS_FILE",
+        SNAPSHOTS, SNAPSHOT_LIMIT,
     }
 )  # fmt: skip
 

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elastic_hydra.agent.inherit import inherited_env
+from elastic_hydra.agent.inherit import SNAPSHOT_LIMIT, SNAPSHOTS, inherited_env
 from elastic_hydra.agent.seams import NodeAssignment
 from elastic_hydra.plan import LaunchPlan, StragglerAction
 
@@ -53,6 +53,7 @@ class WorkerFiles:
     progress_file: str = ""
     collectives_file: str = ""
     arrivals_file: str = ""
+    snapshots: str = ""  # the node's snapshot area (checkpoint/); "": none
     launch_time: float | None = None  # when this node's launch started (time.time())
 
 
@@ -109,6 +110,10 @@ def worker_env(
     )
     if files.launch_time is not None:
         env[LAUNCH_TIME] = f"{files.launch_time:.6f}"
+    if files.snapshots:
+        env[SNAPSHOTS] = files.snapshots
+        if plan.checkpoint is not None and plan.checkpoint.max_memory:
+            env[SNAPSHOT_LIMIT] = str(plan.checkpoint.max_memory)
     if plan.entrypoint_bootstrapped and files.stacks_file:
         env.update({STACKS_FILE: files.stacks_file, STACKS_SIGNAL: str(DUMP_SIGNAL)})
     if plan.entrypoint_bootstrapped and files.progress_file and plan.hang.timeout is not None:

@@ -26,6 +26,7 @@ One module per subcommand:
 
 Imports: torchrun, config, launch, hangs, report, rendezvous (the `rdzv-server` subcommand),
 observe (`top`), quarantine (`quarantine`), schedulers (`--plan` names the detected scheduler,
-prints manifests), warm (the entry point starts the template first of all) and the root.
+prints manifests), warm (the entry point starts the template first of all), checkpoint
+(`--plan` says what a launch would resume from) and the root.
 Nothing below imports cli.
 """

@@ -48,7 +48,9 @@ def show_plan(inv: Invocation) -> int:
         return 0
     from elastic_hydra.report import plan_view
 
-    plan_view.print_plan(plan, run_dir_hint=f"{ctx.run_dir} (created at launch)")
+    plan_view.print_plan(
+        plan, run_dir_hint=f"{ctx.run_dir} (created at launch)", resume=_resume_from(plan)
+    )
     scheduler = detect.describe(checked.conf.rdzv.backend, os.environ)
     if scheduler:
         print(f"scheduler: {scheduler}")
@@ -56,6 +58,19 @@ def show_plan(inv: Invocation) -> int:
     if inv.torchrun:  # the command as a file to commit
         print(f"\n{YAML_HEADING}\n{jobyaml.job_yaml(inv, cfg, ctx)}", end="")
     return 0
+
+
+def _resume_from(plan: LaunchPlan) -> str:
+    """What a launch of `plan` would resume from (its digests are checked at the launch)."""
+    if plan.checkpoint is None:
+        return ""
+    from elastic_hydra.checkpoint.keeper import newest_copy
+
+    found = newest_copy(plan.checkpoint)
+    if found is None:
+        return "nothing yet (no complete copy): a fresh start"
+    step, world = found
+    return f"step {step} (the newest complete copy, of {world} ranks)"
 
 
 YAML_HEADING = "equivalent job file (--plan=yaml prints it alone):"

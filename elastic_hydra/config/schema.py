@@ -223,6 +223,21 @@ class PreflightConf:
 
 
 @dataclass
+class CheckpointConf:
+    home: str | None = key(
+        None,
+        "where the job's durable copies of the snapshots go (the same for every node and "
+        "relaunch); null: <logs.root>/checkpoints/<entrypoint>-<rdzv.id>",
+    )
+    resume: bool = key(True, "a launch resumes from the newest complete copy in the home")
+    keep: int = key(2, "complete copies kept in the home (older ones are removed)")
+    max_memory: str | None = key(
+        None, "the most one rank's snapshot may take in memory, e.g. 4GiB; null: no limit"
+    )
+    memory: str = key("/dev/shm", "where the agent keeps the snapshots (a memory file system)")
+
+
+@dataclass
 class K8sConf:
     image: str = key("", "--plan=jobset/trainjob: the pods' image (elastic-hydra, torch, the code)")
     name: str = key("", "name of the JobSet/TrainJob; '': elastic-hydra-<job file name>")
@@ -287,6 +302,9 @@ class ElasticHydraConf:
     env: dict[str, str] = key({}, "extra environment for the workers: env.NAME=value")
     hp: dict[str, Any] = key({}, "free values to interpolate into args: hp.NAME=value")
     warm: WarmConf = group(WarmConf, "warm starts: Python workers forked from an imported template")
+    checkpoint: CheckpointConf = group(
+        CheckpointConf, "snapshots the agent keeps for its workers, and the job's durable copies"
+    )
     k8s: K8sConf = group(K8sConf, "Kubernetes manifests (--plan=jobset, --plan=trainjob)")
 
 

@@ -15,6 +15,6 @@
   started and stopped with the agent.
 
 Imports: config, resolve, agent, workers, rendezvous, hangs, report, observe, quarantine,
-preflight, stragglers, failures, warm (the parts it wires) and the root. The one folder that knows
-almost every other.
+preflight, stragglers, failures, warm, checkpoint (the parts it wires) and the root. The one
+folder that knows almost every other.
 """

@@ -76,7 +76,12 @@ def plan_of(job: ComposedJob, ctx: JobContext) -> LaunchPlan:
     Raises:
         ConfigError: bad input.
     """
-    plan = resolve_config(job, run_dir=str(ctx.run_dir), launch_time=ctx.launch_time)
+    plan = resolve_config(
+        job,
+        run_dir=str(ctx.run_dir),
+        launch_time=ctx.launch_time,
+        sweep_job=ctx.overrides if ctx.swept else None,
+    )
     for line in timeouts.derive(plan).warnings:  # the refusals were raised by resolve
         warn(line)
     return plan

@@ -46,7 +46,8 @@ from elastic_hydra.workers.console import ConsoleSink
 from elastic_hydra.workers.contain import Containment, become_subreaper
 from elastic_hydra.workers.guard import GroupGuard
 
-if TYPE_CHECKING:  # the ledger's modules load for a job that names a ledger only
+if TYPE_CHECKING:
+    from elastic_hydra.checkpoint.keeper import Keeper
     from elastic_hydra.quarantine.gate import LedgerGate
 
 CONSOLE_GRACE = 5.0  # seconds the final console output may wait for a stalled console
@@ -237,6 +238,24 @@ def quarantine_gate(plan: LaunchPlan, environ: Mapping[str, str]) -> LedgerGate 
     )
 
 
+def _keeper(plan: LaunchPlan) -> Keeper | None:
+    """The node's snapshot area and the job's checkpoint home (`checkpoint.*`), or None: no
+    plan for them, or no memory file system to keep them in (said in one line)."""
+    if plan.checkpoint is None:
+        return None
+    from elastic_hydra.checkpoint.keeper import Keeper, open_area
+
+    try:
+        area = open_area(Path(plan.checkpoint.memory))
+    except OSError as exc:
+        notices.warn(
+            f"checkpoint.memory={plan.checkpoint.memory}: {exc.strerror or exc}; the workers'"
+            " snapshots are not kept (ckpt.snapshot does nothing)"
+        )
+        return None
+    return Keeper(plan.checkpoint, area, say=lambda line: notices.say(f"elastic-hydra: {line}"))
+
+
 def _save_error(run_dir: RunDir, exc: BaseException) -> None:
     """The summary of a launch that raised: a ConfigError found only now (e.g. torch missing
     for a torch rendezvous), or a bug in the launcher (exit 70). No result.json follows."""
@@ -272,14 +291,17 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
         plan, run_dir, flag, guard, contain, warm_fallback=events.cold,
         launch_time=plan.launch_time or started_at,
     )  # fmt: skip
+    factory.keeper = _keeper(plan)
     try:
         with handle_signals(flag):
             rdzv = make_rendezvous(plan, flag)
             if isinstance(rdzv, LocalRendezvous):
                 factory.store_fd = rdzv.store_fd
+            factory.exchange = rdzv
             outcome, observer = _execute(
                 plan, run_dir=run_dir, rdzv=rdzv, factory=factory, flag=flag, events=events
             )
+            factory.persist()  # before the end's barrier: the workers are stopped
             try:
                 ended = rdzv.end(outcome.status, observer)
             finally:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.agent.seams import NodeAssignment, NodeExchange
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
 from elastic_hydra.gpus import format_cpus  # the cpulist form: 0-3,5
 from elastic_hydra.plan import LaunchPlan, PythonModule, PythonScript
@@ -28,6 +28,7 @@ from elastic_hydra.workers.spawn import WorkerSpec
 from elastic_hydra.workers.supervise import LocalWorkers
 
 if TYPE_CHECKING:
+    from elastic_hydra.checkpoint.keeper import Keeper
     from elastic_hydra.warm.pool import WarmPool
 
 STORE_FD_ENV = (
@@ -70,6 +71,10 @@ class LocalWorkerFactory:
         self.sink = None if quiet else ConsoleSink(merge=plan.logs.merge)
         self.colour = notices.colour(sys.stdout)  # rank prefixes: NO_COLOR turns them off
         self.argv = plan.argv
+        # The snapshots of the workers (checkpoint/), and the nodes it agrees with on each
+        # attempt's offer: set by the launch (None: none kept).
+        self.keeper: Keeper | None = None
+        self.exchange: NodeExchange | None = None
         self.store_fd: int | None = None  # standalone: rank 0's store listens on it
         # Started now: the template imports while the rendezvous runs (None: cold starts).
         self.warm: WarmPool | None = None
@@ -79,6 +84,8 @@ class LocalWorkerFactory:
             self.warm = start_pool(plan, self.base_env, self.cwd, warm_fallback)
 
     def __call__(self, node: NodeAssignment, attempt: int, restart_count: int) -> LocalWorkers:
+        if self.keeper is not None and self.exchange is not None:
+            self.keeper.offer(node, self.plan.nproc_per_node, self.exchange)
         specs = [
             self._spec(node, attempt, restart_count, lr) for lr in range(self.plan.nproc_per_node)
         ]
@@ -95,10 +102,18 @@ class LocalWorkerFactory:
             label=functools.partial(self._merged_prefix, node),
         )
 
+    def persist(self) -> None:
+        """Copy the workers' snapshots into the job's checkpoint home (their workers stopped)."""
+        if self.keeper is not None:
+            self.keeper.persist()
+
     def close(self) -> None:
-        """End the warm template, if any (every worker is stopped by then)."""
+        """End the warm template, if any, and give the snapshot area's memory back (every
+        worker is stopped by then)."""
         if self.warm is not None:
             self.warm.close()
+        if self.keeper is not None:
+            self.keeper.close()
 
     def probe_group(
         self, node: NodeAssignment, *, round: int, attempt: int, restart_count: int, settings: str
@@ -136,6 +151,7 @@ class LocalWorkerFactory:
             progress_file=str(self.run.progress_file(attempt, local_rank)),
             collectives_file=str(self.run.collectives_file(attempt, local_rank)),
             arrivals_file=str(self.run.arrivals_file(attempt, local_rank)),
+            snapshots=str(self.keeper.area.root) if self.keeper is not None else "",
             launch_time=self.launch_time,
         )
         rank = node.base_rank + local_rank

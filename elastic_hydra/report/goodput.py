@@ -8,7 +8,8 @@ knows added:
 
 - start-up: agent start to the first `joining`, and the first round to its workers started;
 - rendezvous: `joining` to the round (the first one), and a membership change (the ranks a lost
-  node broke included) to the next attempt's workers running (stopping the group, the new round, the spawn);
+  node broke included) to the next attempt's workers running (stopping the group, the new
+  round, the spawn);
 - preflight: the battery between a round and the workers, from the `preflight` event (stamped at
   the verdict, with the node's `seconds` in the battery): the `seconds` before it, carved out of
   whichever phase the round was in (start-up, rendezvous or restart), which goes on after it;

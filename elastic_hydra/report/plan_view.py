@@ -40,8 +40,8 @@ from elastic_hydra.report.render import console, show
 from elastic_hydra.resolve import timeouts
 
 
-def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
-    """The plan as a two-column table."""
+def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "", resume: str = "") -> Table:
+    """The plan as a two-column table (`resume`: what a launch would resume from)."""
     table = Table(title="elastic-hydra launch plan", box=box.SIMPLE_HEAVY, show_header=False)
     table.add_column("what", style="bold cyan", no_wrap=True)
     table.add_column("value", overflow="fold")
@@ -75,6 +75,7 @@ def plan_table(plan: LaunchPlan, *, run_dir_hint: str = "") -> Table:
     rows["preflight"] = describe_preflight(plan)
     rows["warm"] = describe_warm(plan)
     rows["quarantine"] = describe_quarantine(plan)
+    rows["checkpoint"] = describe_checkpoint(plan, resume)
     rows["run dir"] = plan.run_dir or run_dir_hint
     for what, value in rows.items():  # Text: values are the user's words, never rich markup
         table.add_row(what, Text(value))
@@ -133,6 +134,20 @@ def describe_warm(plan: LaunchPlan) -> str:
         f"Python workers forked from a template that imported {', '.join(imports)} "
         "(warm.imports), restarts too; a cold start where the template cannot serve"
     )
+
+
+def describe_checkpoint(plan: LaunchPlan, resume: str) -> str:
+    spec = plan.checkpoint
+    if spec is None:
+        return "none"
+    limit = f", at most {spec.max_memory} bytes a rank" if spec.max_memory else ""
+    text = (
+        f"snapshots (ckpt.snapshot) kept in {spec.memory}{limit}; copies in {spec.home}, the "
+        f"newest {spec.keep} kept"
+    )
+    if not spec.resume:
+        return f"{text}; resumes nothing (checkpoint.resume=false)"
+    return f"{text}; resumes from {resume}" if resume else text
 
 
 def describe_quarantine(plan: LaunchPlan) -> str:
@@ -235,5 +250,5 @@ def describe_restart(spec: RestartSpec) -> str:
     return "; ".join(parts)
 
 
-def print_plan(plan: LaunchPlan, *, run_dir_hint: str = "") -> None:
-    show(console(), plan_table(plan, run_dir_hint=run_dir_hint))
+def print_plan(plan: LaunchPlan, *, run_dir_hint: str = "", resume: str = "") -> None:
+    show(console(), plan_table(plan, run_dir_hint=run_dir_hint, resume=resume))

@@ -14,6 +14,8 @@ parts:
   without torch; resolution is handed these facts so that tests can pass their own.
 - `preflight`: `preflight.*` as the battery's settings; refused where the nodes share no store.
 - `quarantine`: `quarantine.ledger` made absolute, `quarantine.cooldown` in seconds.
+- `checkpoint`: `checkpoint.*`: the job's checkpoint home (absolute, the same for every node and
+  relaunch), the copies kept, the memory a snapshot may take.
 - `timeouts`: the timeout layers the job runs with (heartbeat, last call, join, hang, the
   workers' collective timeout, exit barrier, stop grace), where each value comes from, and the
   pairs that would fire in the wrong order: refused when that breaks the job, else warned.

@@ -22,7 +22,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from elastic_hydra.config.composed import ComposedJob
@@ -30,6 +30,7 @@ from elastic_hydra.config.schema import ElasticHydraConf
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.plan import LaunchPlan, Standalone
 from elastic_hydra.resolve import machine as probe
+from elastic_hydra.resolve.checkpoint import for_sweep_job, resolve_checkpoint
 from elastic_hydra.resolve.entry import HostFacts, resolve_entrypoint, resolve_warm
 from elastic_hydra.resolve.gpus import Machine, resolve_devices, resolve_nproc
 from elastic_hydra.resolve.preflight import resolve_preflight
@@ -81,13 +82,17 @@ def resolve_config(
     run_dir: str = "",
     host: Host | None = None,
     launch_time: float | None = None,
+    sweep_job: Sequence[str] | None = None,
 ) -> LaunchPlan:
-    """Resolve a composed job (checked and typed by `Composed.job`) into a plan.
+    """Resolve a composed job (checked and typed by `Composed.job`) into a plan; `sweep_job`:
+    the overrides of a sweep's job (each job of a sweep has its own checkpoint home).
 
     Raises:
         ConfigError: the first problem found, as one line.
     """
     plan = resolve(job.conf, run_dir=run_dir, host=host or Host.current())
+    if sweep_job is not None and plan.checkpoint is not None and job.conf.checkpoint.home is None:
+        plan = dataclasses.replace(plan, checkpoint=for_sweep_job(plan.checkpoint, sweep_job))
     return dataclasses.replace(plan, config_hash=job.config_hash, launch_time=launch_time)
 
 
@@ -141,6 +146,13 @@ def resolve(conf: ElasticHydraConf, *, run_dir: str, host: Host) -> LaunchPlan:
         collective_timeout=_collective_timeout(conf.timeouts.collective),
         warm=resolve_warm(conf.warm.imports, entrypoint),
         preflight=resolve_preflight(conf.preflight, nnodes=topology.nnodes, rdzv=topology.rdzv),
+        checkpoint=resolve_checkpoint(
+            conf.checkpoint,
+            logs_root=conf.logs.root,
+            entrypoint=entrypoint,
+            run_id=topology.run_id,
+            cwd=host.cwd,
+        ),
     )
     check_timeouts(plan)  # a layer that breaks the job is refused; warnings: `timeouts.derive`
     return plan

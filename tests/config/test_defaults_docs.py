@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from elastic_hydra.config import schema
-from elastic_hydra.plan import LaunchPlan
+from elastic_hydra.plan import CheckpointSpec, LaunchPlan
 from tests.conftest import ELASTIC_HYDRA, REPO
 from tests.harness import plan_of
 
@@ -70,8 +70,11 @@ def test_the_plans_own_defaults_are_the_schemas(
         for f in dataclasses.fields(LaunchPlan)
         if f.default is dataclasses.MISSING
     }
+    assert resolved.checkpoint is not None
+    home = resolved.checkpoint.home  # the job's: where it runs, what it runs
     per_launch = LaunchPlan(
         **required, run_dir=resolved.run_dir, config_hash=resolved.config_hash,
         launch_time=resolved.launch_time,
+        checkpoint=CheckpointSpec(home=home, job=resolved.checkpoint.job),
     )  # fmt: skip
     assert per_launch == resolved

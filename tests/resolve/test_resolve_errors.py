@@ -257,6 +257,23 @@ CASES = [
         "restart.window_seconds",
         "or neither",
     ),
+    # ---------------------------------------------------------------------------- checkpoint
+    case("checkpoint-keep-zero", [T, "checkpoint.keep=0"], "checkpoint.keep", "at least 1"),
+    case(
+        "checkpoint-size",
+        [T, "checkpoint.max_memory=lots"],
+        "checkpoint.max_memory",
+        "not a size",
+        "got 'lots'",
+        "4GiB",
+    ),
+    case(
+        "checkpoint-memory-relative",
+        [T, "checkpoint.memory=shm"],
+        "checkpoint.memory",
+        "not an absolute path",
+        "/dev/shm",
+    ),
     # ---------------------------------------------------------------------------------- logs
     case(
         "logs-ranks-out-of-range",

@@ -1,0 +1,408 @@
+"""The agent's side: the node's snapshot area, what each attempt's workers resume from, and the
+durable copies in the job's checkpoint home.
+
+- The area lives in memory (/dev/shm), private to the agent's user, one per agent; the workers
+  write their snapshots into it and a worker that dies takes nothing along. An area left by an
+  agent that was killed is removed by the next agent of the same user on that machine.
+- Before each attempt's workers start, the nodes agree (through the round's store) on the newest
+  step every rank of the new world holds: in memory when every node has it, else the newest copy
+  in the home that every node found complete and sound. The offer goes into the area
+  (`restore.json`); snapshots newer than it are dropped (they belong to a timeline that ended).
+- When the agent ends (success, failure, a stop signal, preemption), each node copies its ranks'
+  newest snapshots that every local rank holds into the home, each part checked as it is
+  written, and writes its manifest (sizes, SHA-256) last. A copy is complete when the manifests
+  of its nodes name every rank of its world, and sound when the parts match them: only such a
+  copy is ever offered. The newest `keep` complete copies stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elastic_hydra.agent.seams import NodeAssignment, NodeExchange
+from elastic_hydra.checkpoint.layout import AREA_PREFIX, Area, Home
+from elastic_hydra.plan import CheckpointSpec
+from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
+from elastic_hydra.workers import procfs
+
+FORMAT = 1
+GATHER_TOPIC = "checkpoint"
+GATHER_LIMIT = 4096
+# Seconds a node that holds snapshots waits for the others' word: every node asks right after
+# the same round. A node that holds none says so without waiting.
+GATHER_TIMEOUT = 30.0
+MANIFEST_LIMIT = 1 << 20  # bytes: a manifest of 4096 ranks is about 400 KiB
+_CHUNK = 1 << 20
+MEMORY = "memory"
+
+
+class CopyError(ValueError):
+    """A copy in the home that is not complete, not sound, or another job's."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Offer:
+    """What an attempt's workers resume from."""
+
+    step: int | None  # None: a fresh start
+    source: str = ""  # "memory", or the home copy's directory
+    world_size: int = 0  # of the copy (a home copy's; the job's for memory)
+
+
+def open_area(base: Path) -> Area:
+    """A new, private snapshot area under `base` (after removing those of dead agents)."""
+    remove_stale_areas(base)
+    root = base / f"{AREA_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
+    root.mkdir(mode=PRIVATE_DIR)
+    return Area(root)
+
+
+def remove_stale_areas(base: Path) -> list[Path]:
+    """Remove the areas under `base` of this user's agents that are gone; those removed."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for path in base.iterdir():
+            if not path.name.startswith(AREA_PREFIX):
+                continue
+            pid = path.name.removeprefix(AREA_PREFIX).split("-", 1)[0]
+            try:
+                mine = path.stat().st_uid == os.getuid()
+                if not mine or not pid.isdigit() or procfs.stat(int(pid)) is not None:
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+class Keeper:
+    """One agent's snapshots: the area, the offers, the copies.
+
+    Args:
+        spec: checkpoint.* as resolved.
+        area: this agent's snapshot area.
+        say: one line for the user (a copy refused, a copy kept, nothing to keep).
+    """
+
+    def __init__(self, spec: CheckpointSpec, area: Area, *, say: Callable[[str], None]) -> None:
+        self.spec, self.area, self.job, self.say = spec, area, spec.job, say
+        self.home = Home(Path(spec.home))
+        self.node: NodeAssignment | None = None
+        self.nproc = 0
+        self.offered: Offer = Offer(step=None)
+        self._refused: set[int] = set()
+
+    # ------------------------------------------------------------------------ each attempt
+    def offer(self, node: NodeAssignment, nproc: int, exchange: NodeExchange) -> Offer:
+        """Agree with the round's other nodes on what the attempt's workers resume from, and
+        write it into the area."""
+        self.node, self.nproc = node, nproc
+        ranks = self._ranks()
+        memory = self._held(ranks)
+        home = self.sound_copies(node.world_size, ranks) if self.spec.resume else []
+        mine = json.dumps({"memory": memory, "home": home}).encode()
+        wait = GATHER_TIMEOUT if memory or home else 0.0
+        theirs = exchange.gather(GATHER_TOPIC, mine, limit=GATHER_LIMIT, timeout=wait)
+        offer = _agree(theirs, memory, home, self.home)
+        self._write_offer(offer, ranks)
+        self.offered = offer
+        return offer
+
+    def _ranks(self) -> range:
+        assert self.node is not None
+        return range(self.node.base_rank, self.node.base_rank + self.nproc)
+
+    def _held(self, ranks: Sequence[int]) -> list[int]:
+        """The steps every rank in `ranks` holds a complete snapshot of, in this area."""
+        held: set[int] | None = None
+        for rank in ranks:
+            steps = set(self.area.steps(rank))
+            held = steps if held is None else held & steps
+        return sorted(held or ())
+
+    def _write_offer(self, offer: Offer, ranks: Sequence[int]) -> None:
+        newest = -1 if offer.step is None else offer.step
+        for rank in ranks:  # newer than the offer: a timeline that ended, never resumed or kept
+            for step in self.area.steps(rank):
+                if step > newest:
+                    self.area.snapshot(rank, step).unlink(missing_ok=True)
+        body = {"format": FORMAT, "step": offer.step, "source": offer.source}
+        _write_whole(self.area.restore, json.dumps(body).encode())
+
+    # ---------------------------------------------------------------------------- the home
+    def sound_copies(self, world_size: int, ranks: Sequence[int]) -> list[int]:
+        """The steps of the home's copies that are complete, this job's, of this world size, and
+        whose parts of `ranks` match their manifest (newest `keep`, newest last)."""
+        sound: list[int] = []
+        for step in reversed(self.home.copies()):
+            if len(sound) >= self.spec.keep:
+                break
+            try:
+                copy_world = self.check(step, ranks)
+            except CopyError as exc:
+                if step not in self._refused:
+                    self._refused.add(step)
+                    self.say(f"checkpoint: the copy of step {step} is not resumed: {exc}")
+                continue
+            if copy_world != world_size:
+                if step not in self._refused:
+                    self._refused.add(step)
+                    self.say(
+                        f"checkpoint: the copy of step {step} is of {copy_world} ranks, this "
+                        f"job has {world_size}: not resumed"
+                    )
+                continue
+            sound.append(step)
+        return sorted(sound)
+
+    def check(self, step: int, ranks: Sequence[int]) -> int:
+        """`check_copy` of this job's home."""
+        return check_copy(self.home, self.job, step, ranks)
+
+    def persist(self) -> int | None:
+        """Copy the newest step every local rank holds into the home (and the one before, when
+        held: another node may hold only that); the newest step copied, None when none."""
+        if self.node is None:
+            return None
+        node, ranks = self.node, self._ranks()
+        held = self._held(ranks)
+        if not held:
+            if any(self.area.steps(rank) for rank in ranks):
+                self.say("checkpoint: the ranks here hold no step in common: nothing was kept")
+            return None
+        for step in held[-2:]:
+            if self.home.manifest(step, node.group_rank).exists():
+                continue  # kept already (an earlier end of this agent)
+            try:
+                self._copy(step, node, ranks)
+            except OSError as exc:
+                self.say(f"checkpoint: step {step} could not be kept in {self.home.root}: {exc}")
+                return None
+        self.say(
+            f"checkpoint: step {held[-1]} of rank{'s' if len(ranks) > 1 else ''} "
+            f"{_span(ranks)} kept in {self.home.copy_dir(held[-1])}"
+        )
+        self._prune()
+        return held[-1]
+
+    def _copy(self, step: int, node: NodeAssignment, ranks: Sequence[int]) -> None:
+        target = self.home.copy_dir(step)
+        target.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        parts = {}
+        for rank in ranks:
+            size, digest = _copy_file(self.area.snapshot(rank, step), self.home.partial(step, rank))
+            os.replace(self.home.partial(step, rank), self.home.part(step, rank))
+            parts[str(rank)] = {"size": size, "sha256": digest}
+        manifest = {
+            "format": FORMAT, "job": self.job, "step": step, "world_size": node.world_size,
+            "node_rank": node.group_rank, "ranks": parts,
+        }  # fmt: skip
+        _write_whole(self.home.manifest(step, node.group_rank), json.dumps(manifest).encode())
+        _fsync_dir(target)
+
+    def _prune(self) -> None:
+        """Keep the newest `keep` complete copies; remove the copies older than those."""
+        complete = [s for s in self.home.copies() if self._complete(s)]
+        if len(complete) <= self.spec.keep:
+            return
+        oldest_kept = complete[-self.spec.keep]
+        for step in self.home.copies():
+            if step < oldest_kept:
+                shutil.rmtree(self.home.copy_dir(step), ignore_errors=True)
+
+    def _complete(self, step: int) -> bool:
+        try:
+            self.check(step, ())
+        except CopyError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Remove the area (after `persist`): its memory is the machine's again."""
+        shutil.rmtree(self.area.root, ignore_errors=True)
+
+
+def check_copy(home: Home, job: str, step: int, ranks: Sequence[int]) -> int:
+    """The world size of the copy of `step` in `home`: complete (its manifests name each rank of it
+    once), this job's, each part the size its manifest says, and the parts of `ranks`
+    their digest.
+
+    Raises:
+        CopyError: it is not (the message says why).
+    """
+    parts: dict[int, dict[str, Any]] = {}
+    world: int | None = None
+    manifests = home.manifests(step)
+    if not manifests:
+        raise CopyError("no manifest: it was not completed")
+    for path in manifests:
+        manifest = _read_manifest(path)
+        if manifest["job"] != job:
+            raise CopyError(f"{path.name} is of another job ({manifest['job']!r})")
+        if manifest["step"] != step or (world is not None and manifest["world_size"] != world):
+            raise CopyError(f"{path.name} does not match the copy")
+        world = manifest["world_size"]
+        for rank, part in manifest["ranks"].items():
+            if rank in parts:
+                raise CopyError(f"rank {rank} is in two manifests")
+            parts[rank] = part
+    assert world is not None
+    missing = sorted(set(range(world)) - set(parts))
+    if missing:
+        raise CopyError(f"no part of rank {missing[0]} ({len(missing)} missing)")
+    for rank, part in parts.items():
+        path = home.part(step, rank)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise CopyError(f"{path.name} is missing") from None
+        if size != part["size"]:
+            raise CopyError(f"{path.name} is {size} bytes, its manifest says {part['size']}")
+        if rank in ranks and _sha256(path) != part["sha256"]:
+            raise CopyError(f"{path.name} does not match its digest")
+    return world
+
+
+def newest_copy(spec: CheckpointSpec) -> tuple[int, int] | None:
+    """The step and world size of the newest complete copy in the job's home (sizes checked;
+    the digests are checked when a launch offers it), or None."""
+    home = Home(Path(spec.home))
+    for step in reversed(home.copies()):
+        with contextlib.suppress(CopyError):
+            return step, check_copy(home, spec.job, step, ())
+    return None
+
+
+def _agree(theirs: Sequence[bytes | None], memory: list[int], home: list[int], at: Home) -> Offer:
+    """The newest step in memory on every node, else the newest home copy every node found
+    sound; a node that said nothing (or garbage) holds nothing."""
+    mem: set[int] = set(memory)
+    copies: set[int] = set(home)
+    for raw in theirs:
+        said = _said(raw)
+        mem &= said[0]
+        copies &= said[1]
+    if mem:
+        return Offer(step=max(mem), source=MEMORY)
+    if copies:
+        step = max(copies)
+        return Offer(step=step, source=str(at.copy_dir(step)))
+    return Offer(step=None)
+
+
+def _said(raw: bytes | None) -> tuple[set[int], set[int]]:
+    try:
+        data = json.loads(raw or b"")
+        return _steps(data["memory"]), _steps(data["home"])
+    except (ValueError, KeyError, TypeError):
+        return set(), set()
+
+
+def _steps(value: object) -> set[int]:
+    if not isinstance(value, list):
+        raise TypeError("not a list")
+    return {v for v in value if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as src:
+            raw = src.read(MANIFEST_LIMIT + 1)
+        if len(raw) > MANIFEST_LIMIT:
+            raise CopyError(f"{path.name} is larger than {MANIFEST_LIMIT} bytes")
+        data = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise CopyError(f"{path.name} cannot be read ({exc})") from None
+    ok = (
+        isinstance(data, dict)
+        and data.get("format") == FORMAT
+        and isinstance(data.get("job"), str)
+        and _is_count(data.get("step"))
+        and _is_count(data.get("world_size"))
+        and isinstance(data.get("ranks"), dict)
+    )
+    if not ok:
+        raise CopyError(f"{path.name} is not a manifest of this format")
+    ranks: dict[int, dict[str, Any]] = {}
+    for key, part in data["ranks"].items():
+        good = (
+            key.isdigit()
+            and int(key) < data["world_size"]
+            and isinstance(part, dict)
+            and _is_count(part.get("size"))
+            and isinstance(part.get("sha256"), str)
+            and len(part["sha256"]) == 64
+        )
+        if not good:
+            raise CopyError(f"{path.name}: the part of rank {key[:20]!r} is not one")
+        ranks[int(key)] = part
+    data["ranks"] = ranks
+    return dict(data)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as src:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copy_file(src_path: Path, dst_path: Path) -> tuple[int, str]:
+    """Copy, digesting as it goes, synced to disk; the size and SHA-256 of what was written."""
+    digest, size = hashlib.sha256(), 0
+    fd = os.open(dst_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    try:
+        with open(src_path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except BaseException:
+        dst_path.unlink(missing_ok=True)
+        raise
+    return size, digest.hexdigest()
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """A file written whole or not at all (beside, then renamed)."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _span(ranks: Sequence[int]) -> str:
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"

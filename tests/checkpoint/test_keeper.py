@@ -1,0 +1,224 @@
+"""The agent's side: the area, the offer the nodes agree on, the copies in the home and their
+checks. Plain files and a fake exchange here; tests/checkpoint/test_snapshots_real.py runs it
+with real workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from elastic_hydra.agent.inherit import SNAPSHOTS
+from elastic_hydra.agent.seams import NodeAssignment
+from elastic_hydra.checkpoint import api, codec
+from elastic_hydra.checkpoint.keeper import CopyError, Keeper, Offer, open_area, remove_stale_areas
+from elastic_hydra.checkpoint.layout import AREA_PREFIX, Area
+from elastic_hydra.plan import CheckpointSpec, Endpoint
+
+
+def node(rank: int = 0, nodes: int = 1, nproc: int = 2) -> NodeAssignment:
+    return NodeAssignment(
+        group_rank=rank, group_world_size=nodes, base_rank=rank * nproc,
+        world_size=nodes * nproc, role_base_rank=rank * nproc, role_world_size=nodes * nproc,
+        master=Endpoint(host="127.0.0.1", port=1),
+    )  # fmt: skip
+
+
+class Exchange:
+    """The other nodes' words, as the round's store would give them."""
+
+    def __init__(self, others: Sequence[bytes | None] = ()) -> None:
+        self.others = list(others)
+        self.waited: list[float] = []
+
+    @property
+    def round(self) -> int:
+        return 1
+
+    def gather(self, topic: str, value: bytes, *, limit: int, timeout: float) -> list[bytes | None]:
+        self.waited.append(timeout)
+        return [value, *self.others]
+
+
+def snap(area: Area, rank: int, step: int, payload: object = None) -> None:
+    area.rank_dir(rank).mkdir(mode=0o700, exist_ok=True)
+    codec.write({"w": payload if payload is not None else [rank, step]}, area.snapshot(rank, step))
+
+
+def keeper(tmp_path: Path, name: str = "a", **spec: object) -> Keeper:
+    (tmp_path / f"shm-{name}").mkdir()
+    area = open_area(tmp_path / f"shm-{name}")
+    home = str(tmp_path / "home")
+    said: list[str] = []
+    out = Keeper(CheckpointSpec(home=home, job="train", **spec), area, say=said.append)  # type: ignore[arg-type]
+    out.said = said  # type: ignore[attr-defined]
+    return out
+
+
+def said(k: Keeper) -> list[str]:
+    return k.said  # type: ignore[attr-defined,no-any-return]
+
+
+def test_the_offer_is_the_newest_step_every_rank_holds_and_newer_ones_are_dropped(
+    tmp_path: Path,
+) -> None:
+    k = keeper(tmp_path)
+    for rank, step in [(0, 4), (0, 5), (1, 3), (1, 4)]:
+        snap(k.area, rank, step)
+    (k.area.rank_dir(1) / ".step-5.77.part").write_bytes(b"half")  # a write a kill cut short
+    exchange = Exchange()
+    assert k.offer(node(), 2, exchange) == Offer(step=4, source="memory")
+    assert json.loads(k.area.restore.read_text()) == {"format": 1, "step": 4, "source": "memory"}
+    assert k.area.steps(0) == [4] and k.area.steps(1) == [3, 4]  # 5: a timeline that ended
+    assert exchange.waited == [30.0]
+
+
+def test_nodes_agree_on_a_step_all_hold_and_a_node_that_said_nothing_holds_nothing(
+    tmp_path: Path,
+) -> None:
+    k = keeper(tmp_path)
+    for rank, step in [(0, 6), (0, 7), (1, 6), (1, 7)]:
+        snap(k.area, rank, step)
+    other = json.dumps({"memory": [5, 6], "home": []}).encode()
+    assert k.offer(node(), 2, Exchange([other])).step == 6
+    assert k.offer(node(), 2, Exchange([other, None])).step is None  # one node said nothing
+    assert k.offer(node(), 2, Exchange([b"garbage"])).step is None
+    assert k.area.steps(0) == []  # nothing offered: nothing of the old timeline stays
+
+
+def test_a_node_that_holds_nothing_says_so_without_waiting(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    exchange = Exchange([json.dumps({"memory": [3], "home": []}).encode()])
+    assert k.offer(node(), 2, exchange) == Offer(step=None)
+    assert exchange.waited == [0.0]
+    assert api_offer(k.area) == {"format": 1, "step": None, "source": ""}
+
+
+def api_offer(area: Area) -> object:
+    return json.loads(area.restore.read_text())
+
+
+def test_a_kept_copy_is_complete_sound_and_offered_to_the_next_launch(tmp_path: Path) -> None:
+    first = keeper(tmp_path, "first")
+    for rank, step in [(0, 8), (0, 9), (1, 8), (1, 9)]:
+        snap(first.area, rank, step)
+    first.offer(node(), 2, Exchange())
+    assert first.persist() == 9
+    assert any("step 9 of ranks 0-1 kept in" in line for line in said(first))
+    home = first.home
+    assert home.copies() == [8, 9]
+    manifest = json.loads(home.manifest(9, 0).read_text())
+    assert manifest["job"] == "train" and manifest["world_size"] == 2
+    assert set(manifest["ranks"]) == {"0", "1"}
+    assert oct(home.part(9, 1).stat().st_mode & 0o777) == oct(0o600)
+    first.close()
+    assert not first.area.root.exists()
+
+    second = keeper(tmp_path, "second")  # a relaunch: nothing in memory
+    offer = second.offer(node(), 2, Exchange())
+    assert offer == Offer(step=9, source=str(home.copy_dir(9)))
+    os.environ[SNAPSHOTS] = str(second.area.root)
+    try:
+        os.environ["RANK"] = "1"
+        assert api.restore() == {"w": [1, 9], "step": 9}
+    finally:
+        del os.environ[SNAPSHOTS], os.environ["RANK"]
+    grown = keeper(tmp_path, "grown")  # a relaunch on two nodes: 4 ranks
+    assert grown.offer(node(nodes=2), 2, Exchange([None])).step is None
+    assert said(grown) == [
+        "checkpoint: the copy of step 9 is of 2 ranks, this job has 4: not resumed",
+        "checkpoint: the copy of step 8 is of 2 ranks, this job has 4: not resumed",
+    ]
+
+
+def test_a_copy_that_is_corrupt_half_written_or_another_jobs_is_refused_with_one_line(
+    tmp_path: Path,
+) -> None:
+    k = keeper(tmp_path)
+    for step in (1, 2, 3, 4):
+        for rank in (0, 1):
+            snap(k.area, rank, step)
+        k.offer(node(), 2, Exchange())
+        k.persist()
+    home = k.home
+    assert home.copies() == [3, 4]  # keep=2: older complete copies are removed
+    part = home.part(4, 0)
+    data = bytearray(part.read_bytes())
+    data[-1] ^= 0xFF
+    part.write_bytes(bytes(data))  # the same size, another byte
+    fresh = keeper(tmp_path, "fresh")
+    assert fresh.offer(node(), 2, Exchange()).step == 3
+    assert said(fresh) == [
+        "checkpoint: the copy of step 4 is not resumed: rank-0.snap does not match its digest"
+    ]
+    home.manifest(3, 0).write_text(json.dumps({**json.loads(home.manifest(3, 0).read_text()),
+                                               "job": "other"}))  # fmt: skip
+    home.copy_dir(5).mkdir()  # a copy whose manifest was never written
+    (home.copy_dir(5) / "rank-0.snap").write_bytes(b"x")
+    again = keeper(tmp_path, "again")
+    assert again.offer(node(), 2, Exchange()).step is None
+    assert sorted(said(again)) == [
+        "checkpoint: the copy of step 3 is not resumed: node-0.json is of another job ('other')",
+        "checkpoint: the copy of step 4 is not resumed: rank-0.snap does not match its digest",
+        "checkpoint: the copy of step 5 is not resumed: no manifest: it was not completed",
+    ]
+
+
+def test_a_copy_of_another_world_size_or_missing_a_rank_is_not_resumed(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.offer(node(rank=0, nodes=2), 2, Exchange([None]))
+    for rank in (0, 1):  # the workers' snapshots; node 1 never writes its part of the copy
+        snap(k.area, rank, 1)
+    k.persist()
+    fresh = keeper(tmp_path, "fresh")
+    assert fresh.offer(node(), 2, Exchange()).step is None
+    assert said(fresh) == [
+        "checkpoint: the copy of step 1 is not resumed: no part of rank 2 (2 missing)"
+    ]
+    fresh.home.manifest(1, 0).write_text("{" * 100)
+    with pytest.raises(CopyError, match=r"node-0\.json cannot be read"):
+        fresh.check(1, ())
+    bad = {"format": 1, "job": "train", "step": 1, "world_size": 2, "ranks": {"0": {}}}
+    fresh.home.manifest(1, 0).write_text(json.dumps(bad))
+    with pytest.raises(CopyError, match=r"the part of rank '0' is not one"):
+        fresh.check(1, ())
+
+
+def test_the_area_of_a_killed_agent_is_removed_by_the_next_one(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    base = tmp_path / "shm"
+    base.mkdir()
+    dead = base / f"{AREA_PREFIX}{gone.stdout.strip()}-1"
+    alive = base / f"{AREA_PREFIX}{os.getpid()}-2"
+    mine = base / "someone-elses"
+    for path in (dead, alive, mine):
+        path.mkdir()
+    assert remove_stale_areas(base) == [dead]
+    assert alive.exists() and mine.exists()
+
+
+def test_persist_without_a_round_or_a_common_step_keeps_nothing(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    assert k.persist() is None  # no round: the workers never started
+    snap(k.area, 0, 1)
+    k.offer(node(), 2, Exchange())
+    snap(k.area, 1, 2)
+    assert k.persist() is None
+    assert said(k) == ["checkpoint: the ranks here hold no step in common: nothing was kept"]
+
+
+def test_a_word_that_is_not_a_list_of_steps_holds_nothing(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    both = [(0, 1), (1, 1)]
+    for rank, step in both:
+        snap(k.area, rank, step)
+    for bad in ({"memory": "1", "home": []}, {"memory": [True, -1, 1.0], "home": []}, [1]):
+        assert k.offer(node(), 2, Exchange([json.dumps(bad).encode()])).step is None
+        for rank, step in both:
+            snap(k.area, rank, step)

@@ -1,0 +1,124 @@
+"""Snapshots with real agents and workers: a crash, a SIGKILL in the middle of a snapshot, a
+preemption's SIGTERM, a relaunch, a corrupt copy, two nodes that must resume the same step."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from elastic_hydra.checkpoint.layout import AREA_PREFIX, Home
+from tests.conftest import REPO, WORKERS, free_port, wait_for
+from tests.harness import run, started
+from tests.multinode import FAST, job
+
+DDP = REPO / "examples" / "ddp_snapshots.py"
+PLAIN = WORKERS / "snapshots_plain.py"
+
+
+def weights(path: Path) -> object:
+    """The final weights, as the example writes them (JSON: every float exact)."""
+    return json.loads(path.read_text())
+
+
+def areas_of(pid: int) -> list[Path]:
+    return list(Path("/dev/shm").glob(f"{AREA_PREFIX}{pid}-*"))
+
+
+def ddp(tmp_path: Path, logs: str, *args: str) -> list[str]:
+    return [f"script={DDP}", "nproc_per_node=2", f"logs.root={tmp_path / logs}", "--", *args]
+
+
+def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_weights(
+    tmp_path: Path,
+) -> None:
+    clean = run(*ddp(tmp_path, "clean", "--steps", "24", "--out", "clean.json"), cwd=tmp_path)
+    assert clean.returncode == 0, clean.stderr
+
+    crash = run(
+        "restart=on_failure",
+        *ddp(tmp_path, "crash", "--steps", "24", "--crash-at-step", "7", "--out", "crash.json"),
+        cwd=tmp_path,
+    )
+    assert crash.returncode == 0, crash.stderr
+    # Both ranks resume after the last step every rank completed: none is lost, none repeated.
+    assert crash.stdout.count("resumed after step 6 (attempt 1)") == 2, crash.stdout
+    assert weights(tmp_path / "crash.json") == weights(tmp_path / "clean.json")
+
+    # A preemption: SIGTERM to the agent mid-run. It stops the workers and keeps their last
+    # snapshots in the job's checkpoint home; the same command again resumes from there.
+    args = ddp(tmp_path, "preempted", "--steps", "24", "--step-time", "0.2", "--out", "pre.json")
+    with started(*args, cwd=tmp_path) as agent:
+        home = Home(tmp_path / "preempted" / "checkpoints" / "ddp_snapshots")
+        wait_for(lambda: areas_of(agent.pid) and step_files(areas_of(agent.pid)[0]) >= 6, 60,
+                 "six snapshots in the agent's memory")  # fmt: skip
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+    assert agent.returncode == 128 + signal.SIGTERM, err
+    kept = re.search(rb"checkpoint: step (\d+) of ranks 0-1 kept in (\S+)", err)
+    assert kept is not None, err
+    assert not areas_of(agent.pid)  # the memory is the machine's again
+    assert Path(kept.group(2).decode()) == home.copy_dir(int(kept.group(1)))
+    again = run(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    resumed = re.findall(r"resumed after step (\d+) \(attempt 0\)", again.stdout)
+    assert resumed == [kept.group(1).decode()] * 2, again.stdout
+    assert weights(tmp_path / "pre.json") == weights(tmp_path / "clean.json")
+
+
+def step_files(area: Path) -> int:
+    return len(list(area.glob("rank-0/step-*.snap"))) and max(
+        int(p.stem.removeprefix("step-")) for p in area.glob("rank-0/step-*.snap")
+    )
+
+
+def test_a_snapshot_cut_by_sigkill_is_never_resumed_and_bad_states_cost_one_line(
+    tmp_path: Path,
+) -> None:
+    env = {"OUT_DIR": str(tmp_path), "KILL_AT": "3", "UNCOPYABLE_AT": "1", "BIG_AT": "4"}
+    args = [f"script={PLAIN}", "restart=on_failure", f"logs.root={tmp_path / 'logs'}",
+            "checkpoint.max_memory=512KiB"]  # fmt: skip
+    first = run(*args, cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr
+    # Step 3's snapshot was cut by the SIGKILL: the restart resumes after step 2, complete.
+    assert "resumed after step 2" in first.stdout, first.stdout
+    assert (tmp_path / "steps-0.txt").read_text().split() == ["0", "1", "2", "3", "3", "4", "5"]
+    lines = first.stdout + first.stderr
+    assert lines.count("the snapshot is skipped: state['fn'] (function) cannot be copied") == 1
+    assert "the snapshot of step 4 is skipped: " in lines and "max_memory (524288)" in lines
+    home = Home(tmp_path / "logs" / "checkpoints" / "snapshots_plain")
+    assert home.copies() == [3, 5]  # the newest two: step 4's was too large
+
+    part = home.part(5, 0)  # a bit flipped on the disk: the copy is refused, the older one used
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    part.write_bytes(bytes(data))
+    again = run(*args, cwd=tmp_path, env={"OUT_DIR": str(tmp_path), "STEPS": "7"})
+    assert again.returncode == 0, again.stderr
+    assert "resumed after step 3" in again.stdout, again.stdout
+    assert (
+        "checkpoint: the copy of step 5 is not resumed: rank-0.snap does not match its digest"
+        in again.stderr
+    )
+    fresh = run(*args, "checkpoint.resume=false", cwd=tmp_path, env={"OUT_DIR": str(tmp_path)})
+    assert "fresh start" in fresh.stdout, fresh.stdout
+
+
+@pytest.mark.timeout(120)
+def test_two_nodes_resume_the_same_step_after_a_crash_on_one(tmp_path: Path) -> None:
+    home = tmp_path / "home"  # a file system both nodes see
+    with job(tmp_path, "c10d", f"127.0.0.1:{free_port()}") as j:
+        for logs in ("node0", "node1"):
+            cmd = j.command("nnodes=2", "nproc_per_node=1", "restart=on_failure", *FAST,
+                            f"checkpoint.home={home}", script=DDP)  # fmt: skip
+            args = ["--steps", "16", "--crash-at-step", "5", "--out", str(tmp_path / "final.json")]
+            j.start(argv=[*cmd, f"logs.root={tmp_path / logs}", "--", *args])
+        assert j.finish(90) == [0, 0], j.explain()
+    said = [re.findall(r"resumed after step (\d+)", a.text()) for a in j.agents]
+    assert said == [["4"], ["4"]], j.explain()
+    # One copy of each step kept: both nodes' parts, each node's manifest.
+    assert Home(home).copies() == [14, 15] and len(Home(home).manifests(15)) == 2
+    assert weights(tmp_path / "final.json")
