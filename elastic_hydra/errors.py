@@ -21,6 +21,9 @@ EXIT_PREFLIGHT_NODE = 4
 EXIT_PREFLIGHT_JOB = 5  # another node failed its preflight; too few nodes remain to train
 EXIT_QUARANTINED = 6  # this node is in the quarantine ledger: it left before the rendezvous
 EXIT_BUG = 70  # a bug in elastic-hydra, and nothing else (sysexits' EX_SOFTWARE)
+# Stopped by a signal (a preemption) after the workers' snapshot of one agreed step was kept in
+# the checkpoint home: run it again and it resumes there (sysexits' EX_TEMPFAIL).
+EXIT_PREEMPTED_SAVED = 75
 
 # How the errors (and the docs: tests/test_docs.py compares) tell a user to install PyTorch for
 # torch's rendezvous backends. Pinned to the release the tests run: a bare `torch` takes whatever

@@ -8,7 +8,8 @@
   `ckpt.restore()` returns the newest step every rank holds; no rank writes to shared storage.
 - When the agent ends (success, failure, Ctrl-C, a preemption's SIGTERM), it copies the last
   snapshots into the job's checkpoint home (`checkpoint.home`, by default under `logs.root`): a
-  relaunch of the same command resumes from there, with no flag.
+  relaunch of the same command resumes from there, with no flag. On a stop signal,
+  `ckpt.save_requested()` turns True on every rank after the same step: the script stops there.
 - The batches are a pure function of (seed, step, rank) (`ddp_train.batch`), so a resumed run
   ends with the same weights, bit for bit, as an uninterrupted one.
 - `--crash-at-step S`: rank 1 exits with code 1 at step S on the first attempt only.
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         ckpt.snapshot({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step=step)
         if rank == 0:
             print(f"step {step + 1}/{args.steps} loss {loss.item():.6f}", flush=True)
+        if ckpt.save_requested():  # a preemption: every rank stops after the same step
+            print(f"rank {rank}: stopping after step {step}, kept by the agent", flush=True)
+            dist.destroy_process_group()
+            return 0
         time.sleep(max(0.0, args.step_time - (time.monotonic() - began)))
 
     if rank == 0:  # exact: a float32 is a double, and JSON writes a double's shortest repr

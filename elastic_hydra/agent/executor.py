@@ -24,6 +24,7 @@ from elastic_hydra.agent.seams import (
     Observer,
     Preflight,
     Rendezvous,
+    Saver,
     StopRequest,
     StragglerWatch,
     WorkerGroup,
@@ -71,6 +72,7 @@ class Executor(CollateralWait, RoundGates):
         straggler: StragglerWatch | None = None,
         admission: Admission | None = None,
         preflight: Preflight | None = None,
+        saver: Saver | None = None,
     ) -> None:
         self.plan = plan
         self.rdzv = rendezvous
@@ -82,6 +84,7 @@ class Executor(CollateralWait, RoundGates):
         self.read_failure = read_failure  # a failed worker's record, from its files
         self.admission = admission  # asked before every round (the quarantine ledger)
         self.preflight = preflight
+        self.saver = saver  # asked to keep the workers' snapshots when a stop signal comes
         # Only dynamic rendezvous can change membership; otherwise wait for exits alone.
         fixed = isinstance(plan.rdzv, (Standalone, Static))
         self.check_every: float | None = None if fixed else plan.monitor_interval
@@ -168,6 +171,10 @@ class Executor(CollateralWait, RoundGates):
             failed = [r for r in records if r.failed]
             if self._stop_signalled(failed) and (signum := self.stop_request.signum) is not None:
                 self._signalled(signum)
+                if self.saver is not None:  # before the workers stop (those still running)
+                    self.state.saved = self.saver.save(
+                        node, self.plan.stop_grace, lambda: bool(group.running())
+                    )
                 return Ended.STOPPED, f"received {signal.Signals(signum).name}"
             if failed:
                 if (collateral := self._collateral(group, node, failed)) is not None:
@@ -420,6 +427,8 @@ class Executor(CollateralWait, RoundGates):
             return None
         self.state.failure_class = FailureClass.PREEMPTED
         self._signalled(signum)
+        if self.saver is not None and self.state.node is not None:  # what earlier attempts left
+            self.state.saved = self.saver.save(self.state.node, 0.0, lambda: False)
         return self._finish(Status.STOPPED, f"received {signal.Signals(signum).name}", signum)
 
     def _finish(self, status: Status, reason: str, signum: int | None = None) -> RunOutcome:
@@ -436,6 +445,7 @@ class Executor(CollateralWait, RoundGates):
             peer_failures=tuple(self.state.peers),
             preflight=self.state.preflight,
             failure_class=None if status is Status.SUCCEEDED else self.state.failure_class,
+            saved=self.state.saved if status is Status.STOPPED else None,
         )
         self.observer.emit(
             events.Finish(

@@ -43,3 +43,4 @@ class LoopState:
     hang: HangRecord | None = None
     peers: list[PeerFailure] = field(default_factory=list)
     preflight: PreflightVerdict | None = None
+    saved: int | None = None  # the step of the snapshot kept when a stop signal came

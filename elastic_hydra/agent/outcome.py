@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from elastic_hydra.errors import (
     EXIT_OK,
+    EXIT_PREEMPTED_SAVED,
     EXIT_PREFLIGHT_JOB,
     EXIT_PREFLIGHT_NODE,
     EXIT_QUARANTINED,
@@ -64,6 +65,7 @@ class RunOutcome:
     peer_failures: tuple[PeerFailure, ...] = ()  # what torchrun nodes of the job did
     preflight: PreflightVerdict | None = None  # the last round's preflight verdict
     failure_class: FailureClass | None = None  # what the run ended on; None: it did not fail
+    saved: int | None = None  # stopped: the step of the snapshot kept then (None: none)
 
     @property
     def root_cause(self) -> WorkerExit | None:
@@ -74,6 +76,8 @@ class RunOutcome:
         match self.status:
             case Status.SUCCEEDED:
                 return EXIT_OK
+            case Status.STOPPED if self.saved is not None:
+                return EXIT_PREEMPTED_SAVED
             case Status.STOPPED:
                 return 128 + (self.signal or signal.SIGTERM)
             case Status.RENDEZVOUS_FAILED:

@@ -6,7 +6,7 @@ and `supervise` implement them, the agent wires them, and tests drive the execut
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -165,6 +165,15 @@ class NodeExchange(Protocol):
         """Publish this node's `value` under `topic`; every node's by node rank, each cut at
         `limit` bytes, None for a node that published nothing within `timeout` seconds.
         Raises RendezvousError when the store is gone."""
+
+
+class Saver(Protocol):
+    """The workers' snapshots (`checkpoint.*`), saved when a stop signal comes."""
+
+    def save(self, node: NodeAssignment, grace: float, running: Callable[[], bool]) -> int | None:
+        """Ask every rank to snapshot one agreed step, wait for it (at most `grace` seconds,
+        while `running` says workers run), and keep it in the job's checkpoint home; the step
+        kept (an older one where the agreed one did not come), None when there was none."""
 
 
 class Preflight(Protocol):

@@ -27,6 +27,7 @@ KEEP_IN_MEMORY = 2  # a rank's newest snapshots kept: its ranks may be a step ap
 STEP = "step"
 
 _told: set[str] = set()
+_last_step: int | None = None  # the step of this process's newest snapshot
 
 
 class CheckpointError(RuntimeError):
@@ -126,7 +127,25 @@ def snapshot(state: Mapping[str, Any], *, step: int) -> bool:
         )
         return False
     os.replace(part, area.snapshot(rank, step))
+    global _last_step
+    _last_step = step
     older = [s for s in area.steps(rank) if s != step]
     for old in older[: max(0, len(older) - (KEEP_IN_MEMORY - 1))]:
         area.snapshot(rank, old).unlink(missing_ok=True)
     return True
+
+
+def save_requested() -> bool:
+    """Whether the agent asked this rank to stop: a stop signal came (a preemption, Ctrl-C,
+    `scancel`), and this rank's snapshot of the step every rank agreed on is taken. Call it
+    after `snapshot`, every step; when it says True, stop training (`break`): every rank says
+    True at the same step, and the agent keeps that step in the checkpoint home.
+    """
+    area = _area()
+    if area is None or _last_step is None:
+        return False
+    try:
+        asked = json.loads(area.save_request.read_bytes()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(asked, int) and not isinstance(asked, bool) and _last_step >= asked

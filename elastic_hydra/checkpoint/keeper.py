@@ -30,6 +30,7 @@ from typing import Any
 
 from elastic_hydra.agent.seams import NodeAssignment, NodeExchange
 from elastic_hydra.checkpoint.layout import AREA_PREFIX, Area, Home
+from elastic_hydra.errors import RendezvousError
 from elastic_hydra.plan import CheckpointSpec
 from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
 from elastic_hydra.workers import procfs
@@ -43,6 +44,9 @@ GATHER_TIMEOUT = 30.0
 MANIFEST_LIMIT = 1 << 20  # bytes: a manifest of 4096 ranks is about 400 KiB
 _CHUNK = 1 << 20
 MEMORY = "memory"
+SAVE_TOPIC = "checkpoint-save"
+SAVE_AGREE_TIMEOUT = 5.0  # seconds the signalled nodes wait for each other's proposal
+SAVE_POLL = 0.05
 
 
 class CopyError(ValueError):
@@ -94,8 +98,17 @@ class Keeper:
         say: one line for the user (a copy refused, a copy kept, nothing to keep).
     """
 
-    def __init__(self, spec: CheckpointSpec, area: Area, *, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        spec: CheckpointSpec,
+        area: Area,
+        *,
+        say: Callable[[str], None],
+        hurry: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.spec, self.area, self.job, self.say = spec, area, spec.job, say
+        self.hurry = hurry  # a second Ctrl-C: stop waiting for the agreed snapshot
+        self.exchange: NodeExchange | None = None
         self.home = Home(Path(spec.home))
         self.node: NodeAssignment | None = None
         self.nproc = 0
@@ -106,7 +119,8 @@ class Keeper:
     def offer(self, node: NodeAssignment, nproc: int, exchange: NodeExchange) -> Offer:
         """Agree with the round's other nodes on what the attempt's workers resume from, and
         write it into the area."""
-        self.node, self.nproc = node, nproc
+        self.node, self.nproc, self.exchange = node, nproc, exchange
+        self.area.save_request.unlink(missing_ok=True)
         ranks = self._ranks()
         memory = self._held(ranks)
         home = self.sound_copies(node.world_size, ranks) if self.spec.resume else []
@@ -168,6 +182,50 @@ class Keeper:
     def check(self, step: int, ranks: Sequence[int]) -> int:
         """`check_copy` of this job's home."""
         return check_copy(self.home, self.job, step, ranks)
+
+    # ----------------------------------------------------------------------- a stop signal
+    def save(self, node: NodeAssignment, grace: float, running: Callable[[], bool]) -> int | None:
+        """seams.Saver: every rank is asked (`ckpt.save_requested`) to stop after its snapshot
+        of one step, agreed with the other nodes that were signalled: two steps past the newest
+        any rank here holds (ranks of a job are at most a step apart). The agent waits for that
+        snapshot on every rank here, then keeps the newest step they all hold."""
+        ranks = self._ranks() if self.node is not None else range(0)
+        newest = max((s for rank in ranks for s in self.area.steps(rank)), default=None)
+        if newest is None:
+            self.say(
+                "checkpoint: a stop signal came and no rank holds a snapshot: nothing was saved"
+            )
+            return None
+        target = None
+        if grace > 0 and running():
+            target = self._agreed(newest + 2)
+            body = json.dumps({"format": FORMAT, "step": target}).encode()
+            _write_whole(self.area.save_request, body)
+            deadline = time.monotonic() + grace
+            while target not in self._held(ranks) and running() and not self.hurry():
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(SAVE_POLL)
+        kept = self.persist()
+        if target is not None and kept != target:
+            self.say(
+                f"checkpoint: the snapshot of step {target} did not come within {grace:g} s "
+                "(stop_grace)" + (f"; step {kept} was kept instead" if kept is not None else "")
+            )
+        return kept
+
+    def _agreed(self, mine: int) -> int:
+        """The step to save at: the furthest any signalled node proposes."""
+        if self.exchange is None:
+            return mine
+        try:
+            said = self.exchange.gather(
+                SAVE_TOPIC, str(mine).encode(), limit=32, timeout=SAVE_AGREE_TIMEOUT
+            )
+        except RendezvousError:
+            return mine
+        steps = [int(v) for v in said if v is not None and v.isdigit() and len(v) < 19]
+        return max([mine, *steps])
 
     def persist(self) -> int | None:
         """Copy the newest step every local rank holds into the home (and the one before, when

@@ -3,6 +3,7 @@ disk. The one place that spells their names (as `rundir` does a run's).
 
     <area>/                     the agent's, in /dev/shm (private): ELASTIC_HYDRA_SNAPSHOTS
         restore.json            what this attempt's workers resume from (the agent writes it)
+        save.json               the step every rank is asked to save at (a stop signal came)
         rank-<r>/step-<S>.snap  rank r's snapshot of step S (the newest two are kept)
     <home>/                     checkpoint.home: the same for every node and relaunch of a job
         step-<S>/rank-<r>.snap  a durable copy of rank r's snapshot of step S
@@ -17,6 +18,7 @@ from pathlib import Path
 
 AREA_PREFIX = "elastic-hydra-snapshots-"  # + the agent's pid and start: one area per agent
 _RESTORE = "restore.json"
+_SAVE = "save.json"
 _STEP = re.compile(r"step-(\d{1,18})\.snap")
 _COPY = re.compile(r"step-(\d{1,18})")
 _MANIFEST = re.compile(r"node-(\d{1,9})\.json")
@@ -31,6 +33,10 @@ class Area:
     @property
     def restore(self) -> Path:
         return self.root / _RESTORE
+
+    @property
+    def save_request(self) -> Path:
+        return self.root / _SAVE
 
     def rank_dir(self, rank: int) -> Path:
         return self.root / f"rank-{rank}"

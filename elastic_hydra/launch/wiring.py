@@ -192,6 +192,7 @@ def _execute(
             ),
             admission=quarantine_gate(plan, os.environ),
             preflight=_battery(plan, run_dir, rdzv, factory, flag),
+            saver=factory.keeper,
         ).run()
     except BaseException:
         observer.close()
@@ -238,7 +239,7 @@ def quarantine_gate(plan: LaunchPlan, environ: Mapping[str, str]) -> LedgerGate 
     )
 
 
-def _keeper(plan: LaunchPlan) -> Keeper | None:
+def _keeper(plan: LaunchPlan, flag: StopFlag) -> Keeper | None:
     """The node's snapshot area and the job's checkpoint home (`checkpoint.*`), or None: no
     plan for them, or no memory file system to keep them in (said in one line)."""
     if plan.checkpoint is None:
@@ -253,7 +254,12 @@ def _keeper(plan: LaunchPlan) -> Keeper | None:
             " snapshots are not kept (ckpt.snapshot does nothing)"
         )
         return None
-    return Keeper(plan.checkpoint, area, say=lambda line: notices.say(f"elastic-hydra: {line}"))
+    return Keeper(
+        plan.checkpoint,
+        area,
+        say=lambda line: notices.say(f"elastic-hydra: {line}"),
+        hurry=lambda: flag.count > 1,  # a second Ctrl-C stops at once
+    )
 
 
 def _save_error(run_dir: RunDir, exc: BaseException) -> None:
@@ -291,7 +297,7 @@ def run(plan: LaunchPlan) -> tuple[int, RunSummary]:
         plan, run_dir, flag, guard, contain, warm_fallback=events.cold,
         launch_time=plan.launch_time or started_at,
     )  # fmt: skip
-    factory.keeper = _keeper(plan)
+    factory.keeper = _keeper(plan, flag)
     try:
         with handle_signals(flag):
             rdzv = make_rendezvous(plan, flag)

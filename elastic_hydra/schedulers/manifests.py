@@ -9,8 +9,9 @@ both restart:
   `podFailurePolicy` turns those exit codes into `FailJob`, and the JobSet's `failurePolicy` turns
   a Job failed by that policy into `FailJobSet`: the set ends once, nothing is restarted twice.
   Pods never restart in place (`restartPolicy: Never`).
-- **Kubernetes owns pod loss.** A pod evicted or preempted (condition `DisruptionTarget`) is
-  replaced without counting (`Ignore`); any other pod failure (the agent OOM-killed, its node
+- **Kubernetes owns pod loss.** A pod evicted or preempted (condition `DisruptionTarget`), or
+  one whose agent exited 75 (stopped with the workers' snapshots kept), is replaced without
+  counting (`Ignore`); any other pod failure (the agent OOM-killed, its node
   gone) is replaced up to `k8s.pod_replacements` times (`backoffLimit`). A replacement pod
   joins the running c10d rendezvous: the others re-rendezvous without spending a restart. Past
   that limit the Job fails and the JobSet restarts the whole set up to `k8s.jobset_restarts` times.
@@ -31,6 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_hydra.errors import EXIT_PREEMPTED_SAVED
 from elastic_hydra.plan import NodeRange
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -243,6 +245,8 @@ def _job_spec(spec: K8sSpec, work: Workload, env: list[dict[str, Any]]) -> dict[
                  "operator": "In", "values": list(AGENT_EXIT_CODES)}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
                                                           "status": "True"}]},
+                {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER,
+                 "operator": "In", "values": [EXIT_PREEMPTED_SAVED]}},
             ]
         },
         "template": {"spec": pod},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,7 +39,7 @@ from elastic_hydra.agent.seams import (
     Observer,
 )
 from elastic_hydra.agent.worker_env import WorkerFiles, worker_env
-from elastic_hydra.errors import RendezvousError
+from elastic_hydra.errors import EXIT_PREEMPTED_SAVED, RendezvousError
 from elastic_hydra.plan import (
     Action,
     Backoff,
@@ -369,6 +369,7 @@ class Harness:
     observer: ListObserver
     errors: dict[int, str] = field(default_factory=dict)  # a failed rank's error text
     reads: list[WorkerExit] = field(default_factory=list)  # each read of a failed worker's files
+    saver: FakeSaver | None = None
 
     def read_failure(self, exit: WorkerExit) -> FailureRecord:
         self.reads.append(exit)
@@ -384,6 +385,7 @@ class Harness:
             observer=self.observer,
             stop=self.stop,
             read_failure=self.read_failure,
+            saver=self.saver,
         )
         return executor.run()
 
@@ -630,6 +632,45 @@ def test_signal_while_workers_run_stops_them_with_that_signal(sig: signal.Signal
     finish = h.observer.of(Finish)[0]
     assert (finish.status, finish.exit_code) == (Status.STOPPED, 128 + int(sig))
     assert finish.failure_class is FailureClass.PREEMPTED
+
+
+@dataclass
+class FakeSaver:
+    """The workers' snapshots: `kept` is what a save keeps (None: nothing to keep)."""
+
+    kept: int | None
+    calls: list[tuple[int, float, bool]] = field(default_factory=list)
+
+    def save(self, node: NodeAssignment, grace: float, running: Callable[[], bool]) -> int | None:
+        self.calls.append((node.group_rank, grace, running()))
+        return self.kept
+
+
+@pytest.mark.parametrize("kept", [17, None])
+def test_a_stop_signal_saves_the_snapshots_before_the_workers_stop(kept: int | None) -> None:
+    plan = make_plan(stop_grace=12.0)
+    h = harness({0: {}}, plan=plan)
+    h.saver = FakeSaver(kept)
+    h.stop.at(5.0, SIGTERM)
+    outcome = h.run()
+
+    assert h.saver.calls == [(0, 12.0, True)]  # asked while the workers still ran
+    assert (outcome.status, outcome.saved) == (Status.STOPPED, kept)
+    # "preempted, saved": run it again; nothing kept: the signal's code, as without snapshots
+    assert outcome.exit_code == (EXIT_PREEMPTED_SAVED if kept is not None else 128 + SIGTERM)
+    assert h.observer.of(Finish)[0].exit_code == outcome.exit_code
+    (group,) = h.factory.groups
+    assert group.stops == [(SIGTERM, 12.0)]  # then the workers stop as always
+
+
+def test_a_signal_during_a_backoff_keeps_what_the_earlier_attempts_left() -> None:
+    plan = make_plan(restart=RestartSpec(max_restarts=3, backoff=Backoff(initial=30.0)))
+    h = harness(fail_every_round(4, at=10.0), plan=plan)
+    h.saver = FakeSaver(3)
+    h.stop.at(13.0, SIGTERM)
+    outcome = h.run()
+    assert h.saver.calls == [(0, 0.0, False)]  # no worker to wait for
+    assert outcome.exit_code == EXIT_PREEMPTED_SAVED
 
 
 def test_signal_during_backoff_stops_without_another_attempt() -> None:

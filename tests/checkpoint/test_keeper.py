@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from elastic_hydra.checkpoint import api, codec
 from elastic_hydra.checkpoint.keeper import CopyError, Keeper, Offer, open_area, remove_stale_areas
 from elastic_hydra.checkpoint.layout import AREA_PREFIX, Area
 from elastic_hydra.plan import CheckpointSpec, Endpoint
+from tests.conftest import wait_for
 
 
 def node(rank: int = 0, nodes: int = 1, nproc: int = 2) -> NodeAssignment:
@@ -222,3 +224,52 @@ def test_a_word_that_is_not_a_list_of_steps_holds_nothing(tmp_path: Path) -> Non
         assert k.offer(node(), 2, Exchange([json.dumps(bad).encode()])).step is None
         for rank, step in both:
             snap(k.area, rank, step)
+
+
+def test_a_stop_signal_asks_for_one_step_and_keeps_it_once_every_rank_has_it(
+    tmp_path: Path,
+) -> None:
+    k = keeper(tmp_path)
+    k.offer(node(), 2, Exchange())
+    for rank, step in [(0, 4), (0, 5), (1, 4)]:  # rank 1 is a step behind
+        snap(k.area, rank, step)
+
+    def workers() -> None:  # they see the request after their snapshots, and stop at its step
+        wait_for(k.area.save_request.exists, 10, "the save request")
+        for rank, step in [(1, 5), (0, 6), (1, 6), (0, 7), (1, 7)]:
+            snap(k.area, rank, step)
+
+    thread = threading.Thread(target=workers)
+    thread.start()
+    try:
+        assert k.save(node(), 10.0, lambda: True) == 7  # two past the newest any rank held
+    finally:
+        thread.join()
+    assert json.loads(k.area.save_request.read_text())["step"] == 7
+    assert k.home.copies() == [6, 7]
+    os.environ[SNAPSHOTS], os.environ["RANK"] = str(k.area.root), "0"
+    try:
+        api.snapshot({"w": 1}, step=6)
+        assert not api.save_requested()  # not yet at the agreed step
+        api.snapshot({"w": 1}, step=7)
+        assert api.save_requested()
+    finally:
+        del os.environ[SNAPSHOTS], os.environ["RANK"]
+
+
+def test_a_snapshot_that_does_not_come_keeps_the_newest_held_and_says_so(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.offer(node(), 2, Exchange())
+    for rank in (0, 1):
+        snap(k.area, rank, 3)
+    assert k.save(node(), 0.2, lambda: True) == 3
+    assert said(k)[-1] == (
+        "checkpoint: the snapshot of step 5 did not come within 0.2 s (stop_grace); "
+        "step 3 was kept instead"
+    )
+    empty = keeper(tmp_path, "empty")
+    empty.offer(node(), 2, Exchange())
+    assert empty.save(node(), 5.0, lambda: True) is None
+    assert said(empty) == [
+        "checkpoint: a stop signal came and no rank holds a snapshot: nothing was saved"
+    ]

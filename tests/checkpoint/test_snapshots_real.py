@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from elastic_hydra.checkpoint.layout import AREA_PREFIX, Home
+from elastic_hydra.errors import EXIT_PREEMPTED_SAVED
 from tests.conftest import REPO, WORKERS, free_port, wait_for
 from tests.harness import run, started
 from tests.multinode import FAST, job
@@ -56,10 +57,12 @@ def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_we
         wait_for(lambda: areas_of(agent.pid) and step_files(areas_of(agent.pid)[0]) >= 6, 60,
                  "six snapshots in the agent's memory")  # fmt: skip
         agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=60)
-    assert agent.returncode == 128 + signal.SIGTERM, err
+        out, err = agent.communicate(timeout=60)
+    assert agent.returncode == EXIT_PREEMPTED_SAVED, err  # preempted, saved: run it again
     kept = re.search(rb"checkpoint: step (\d+) of ranks 0-1 kept in (\S+)", err)
     assert kept is not None, err
+    stopped = re.findall(rb"rank (\d): stopping after step (\d+), kept by the agent", out)
+    assert sorted(stopped) == [(b"0", kept.group(1)), (b"1", kept.group(1))], out  # the same
     assert not areas_of(agent.pid)  # the memory is the machine's again
     assert Path(kept.group(2).decode()) == home.copy_dir(int(kept.group(1)))
     again = run(*args, cwd=tmp_path)

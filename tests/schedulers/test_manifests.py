@@ -15,7 +15,7 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 
 from elastic_hydra.cli.run import main
-from elastic_hydra.errors import EXIT_CONFIG
+from elastic_hydra.errors import EXIT_CONFIG, EXIT_PREEMPTED_SAVED
 from elastic_hydra.schedulers.manifests import quantity
 from tests.conftest import REPO
 from tests.schedulers import validate
@@ -101,14 +101,17 @@ def test_every_rendered_manifest_validates(  # noqa: PLR0917 (pytest's parameter
 
 
 def test_failure_ownership(capsys: pytest.CaptureFixture[str]) -> None:
-    """The agent's give-up codes end the Job and the set once; evictions are replaced free."""
+    """The agent's give-up codes end the Job and the set once; evictions, and an agent stopped
+    with its workers' snapshots kept (75), are replaced free."""
     docs = render(capsys, DDP, "nnodes=2:4", "nproc_per_node=1", IMAGE, "k8s.pod_replacements=5",
                   "k8s.jobset_restarts=2", "--plan=jobset")  # fmt: skip
     job = job_spec(docs)
-    fail, ignore = job["podFailurePolicy"]["rules"]
+    fail, ignore, saved = job["podFailurePolicy"]["rules"]
     assert fail["action"] == "FailJob" and fail["onExitCodes"]["values"] == [1, 2, 70]
     assert ignore["action"] == "Ignore"
     assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    codes = {"containerName": "node", "operator": "In", "values": [EXIT_PREEMPTED_SAVED]}
+    assert saved == {"action": "Ignore", "onExitCodes": codes}
     assert job["backoffLimit"] == 5
     jobset = docs[-1]["spec"]
     assert jobset["failurePolicy"] == {
