@@ -42,7 +42,10 @@ def test_a_contract_variable_in_the_agents_environment_never_reaches_the_templat
 def test_the_contract_names_every_variable_the_launcher_sets() -> None:
     """`inherit.CONTRACT` is the list the template leaves out: it must hold every variable that
     `worker_env` adds beyond the inherited half, with every optional file and setting on."""
-    plan = plan_of(f"script={WORKERS / 'idle.py'}", "nproc_per_node=2", "hang.timeout=30")
+    plan = plan_of(
+        f"script={WORKERS / 'idle.py'}", "nproc_per_node=2", "hang.timeout=30",
+        "checkpoint.max_memory=1GiB",
+    )  # fmt: skip
     node = NodeAssignment(
         group_rank=0, group_world_size=1, base_rank=0, world_size=2, role_base_rank=0,
         role_world_size=2, master=Endpoint(host="127.0.0.1", port=1), use_agent_store=False,
@@ -50,7 +53,7 @@ def test_the_contract_names_every_variable_the_launcher_sets() -> None:
     files = WorkerFiles(
         run_dir="/r", plan_path="/p", config_path="/c", error_file="/e", fault_file="/f",
         stacks_file="/s", progress_file="/g", collectives_file="/k", arrivals_file="/a",
-        launch_time=1.0,
+        snapshots="/m", launch_time=1.0,
     )  # fmt: skip
     env = worker_env(plan, {}, node, local_rank=1, attempt=0, restart_count=0, files=files)
     added = set(env) - set(inherited(plan, {}, 1))

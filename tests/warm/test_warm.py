@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from elastic_hydra.agent.inherit import SNAPSHOTS
 from tests.conftest import WORKERS, alive, wait_for
 from tests.harness import run_raw, started
 
@@ -196,10 +197,12 @@ def test_a_bad_module_name_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------- cold == warm, facts
 def _normalised(facts: dict[str, Any], run: Launch, out: Path) -> dict[str, Any]:
-    """Facts with what differs between any two launches (run dir, port, run id, time) masked."""
+    """Facts with what differs between any two launches (run dir, port, run id, time, the
+    snapshot area) masked."""
     text = json.dumps(facts).replace(str(run.run_dir), "<run>").replace(str(out), "<out>")
     data = dict(json.loads(text))
-    for key in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "ELASTIC_HYDRA_LAUNCH_TIME"):
+    per_launch = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "ELASTIC_HYDRA_LAUNCH_TIME", SNAPSHOTS)
+    for key in per_launch:
         data["env"][key] = "<per launch>"
     data.pop("ppid")
     # Descriptors above 2 by kind: rank 0's store socket has the number the agent's has.

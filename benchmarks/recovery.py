@@ -1,0 +1,189 @@
+"""Recovery from a worker crash: steps lost, and the time back to the crashed step.
+
+    python benchmarks/recovery.py [--runs 3] [--steps 30] [--crash 25] [--mb 100] [--out DIR]
+
+A 2-rank DDP job on this machine (gloo on CPU), an MLP with about `--mb` MB of weights (SGD
+without momentum: the weights are the whole state). Rank 1 exits with code 1 at step `--crash`
+of the first attempt; the job restarts once. Three ways to keep the state:
+
+- torchrun + disk: `torchrun --max-restarts=1`, rank 0 saves model and optimizer with
+  `torch.save` every 10 steps (write beside, rename: the usual practice), every rank resumes
+  from that file;
+- elastic-hydra + disk: the same script and saves under elastic-hydra (`restart=on_failure`);
+- elastic-hydra + snapshots: `ckpt.snapshot(...)` after every step, `ckpt.restore()` on start.
+
+Each rank appends a line per step to a file: when it ended, and how long `ckpt.snapshot` or the
+disk save took on the training thread. From those:
+
+- steps lost: the crashed step less the step the restart resumed at (steps trained twice);
+- back at the crashed step: from rank 1's crash to the restarted job ending that step again;
+- save cost: the median time a save takes on the training thread, against the median step time
+  of steps without a save (per step, for snapshots: one every step).
+
+Writes recovery.md and recovery.json into --out (default: results/ beside this file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SAVE_EVERY = 10  # the disk runs' interval
+
+SCRIPT = """
+import json, os, sys, time
+import torch, torch.distributed as dist
+from torch import nn
+from elastic_hydra import checkpoint as ckpt
+
+mode, steps, crash, mb, out, disk = sys.argv[1:7]
+steps, crash, mb = int(steps), int(crash), float(mb)
+rank = int(os.environ["RANK"])
+attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+width = 1024
+layers = max(1, round(mb * 2**20 / 4 / (width * width)))
+model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+ddp = nn.parallel.DistributedDataParallel(model)
+start = 0
+if mode == "snapshots":
+    state = ckpt.restore()
+    if state is not None:
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
+        start = state["step"] + 1
+elif os.path.exists(disk):
+    state = torch.load(disk)
+    model.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
+    start = state["step"] + 1
+log = open(f"{out}/rank{rank}.jsonl", "a")
+for step in range(start, steps):
+    if step == crash and rank == 1 and attempt == "0":
+        log.write(json.dumps({"crash": step, "t": time.time()}) + "\\n"); log.flush()
+        os._exit(1)
+    began = time.perf_counter()
+    x = torch.randn(16, width, generator=torch.Generator().manual_seed(step * 10 + rank))
+    loss = ddp(x).square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    trained = time.perf_counter()
+    if mode == "snapshots":
+        ckpt.snapshot({"model": model.state_dict(), "optim": opt.state_dict()}, step=step)
+    elif (step + 1) % {every} == 0 and rank == 0:
+        torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step},
+                   disk + ".part")
+        os.replace(disk + ".part", disk)
+    saved = time.perf_counter()
+    log.write(json.dumps({"step": step, "attempt": attempt, "start": start, "t": time.time(),
+                          "train_s": trained - began, "save_s": saved - trained}) + "\\n")
+    log.flush()
+dist.destroy_process_group()
+""".replace("{every}", str(SAVE_EVERY))
+
+
+def lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def one_run(work: Path, way: str, steps: int, crash: int, mb: float) -> dict[str, float]:
+    case = Path(tempfile.mkdtemp(dir=work))
+    script = case / "train.py"
+    script.write_text(SCRIPT)
+    mode = "snapshots" if way.endswith("snapshots") else "disk"
+    args = [mode, str(steps), str(crash), str(mb), str(case), str(case / "ckpt.pt")]
+    if way.startswith("torchrun"):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node=2", "--max-restarts=1", str(script), *args]  # fmt: skip
+    else:
+        argv = [sys.executable, "-m", "elastic_hydra", f"script={script}", "nproc_per_node=2",
+                "restart=on_failure", "restart.max_restarts=1", f"logs.root={case / 'logs'}",
+                "logs.tee=false", "--", *args]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run(argv, cwd=case, env=env, capture_output=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{way}: exit {proc.returncode}\n{proc.stderr.decode()[-3000:]}")
+    rank0, rank1 = lines(case / "rank0.jsonl"), lines(case / "rank1.jsonl")
+    crashed = next(float(str(r["t"])) for r in rank1 if "crash" in r)
+    again = [r for r in rank0 if r.get("attempt") != "0"]
+    resumed = int(str(again[0]["start"]))
+    back = next(float(str(r["t"])) for r in again if r["step"] == crash)
+    saves = [float(str(r["save_s"])) for r in rank0 if "save_s" in r]
+    trains = [float(str(r["train_s"])) for r in rank0 if "train_s" in r]
+    if mode == "snapshots":
+        save_s = statistics.median(saves)
+    else:  # the saving steps alone, spread over the interval
+        save_s = statistics.median(s for s in saves if s > 0.001) / SAVE_EVERY
+    return {
+        "steps lost": crash - resumed,
+        "crash to back at the crashed step (s)": back - crashed,
+        "save cost per step (s)": save_s,
+        "step time (s)": statistics.median(trains),
+    }
+
+
+WAYS = ("torchrun + disk", "elastic-hydra + disk", "elastic-hydra + snapshots")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--crash", type=int, default=25)
+    parser.add_argument("--mb", type=float, default=100.0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.runs):
+            for way in WAYS:
+                results[way].append(one_run(Path(tmp), way, args.steps, args.crash, args.mb))
+                print(way, results[way][-1], flush=True)
+    meta = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "load average at the end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs": args.runs,
+        "command": "python benchmarks/recovery.py " + " ".join(sys.argv[1:]),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "recovery.json").write_text(json.dumps({"meta": meta, "runs": results},
+                                                       indent=2) + "\n")  # fmt: skip
+    metrics = list(results[WAYS[0]][0])
+    rows = ["| what | " + " | ".join(WAYS) + " |", "|---|" + "---|" * len(WAYS)]
+    for metric in metrics:
+        cells = []
+        for way in WAYS:
+            values = sorted(r[metric] for r in results[way])
+            fmt = "{:.0f}" if metric == "steps lost" else "{:.3f}"
+            cells.append(fmt.format(values[len(values) // 2]))
+        rows.append(f"| {metric} | " + " | ".join(cells) + " |")
+    snap = results[WAYS[2]]
+    ratio = statistics.median(r["crash to back at the crashed step (s)"] for r in snap) / (
+        statistics.median(r["crash to back at the crashed step (s)"] for r in results[WAYS[0]])
+    )
+    share = statistics.median(r["save cost per step (s)"] / r["step time (s)"] for r in snap)
+    text = "\n".join([
+        f"# Recovery from a worker crash (2 ranks, gloo on CPU, {args.mb:g} MB of weights, "
+        f"crash at step {args.crash} of {args.steps})", "",
+        *[f"- {k}: {v}" for k, v in meta.items()],
+        f"- Cells: the median over the runs; disk: a save every {SAVE_EVERY} steps by rank 0",
+        f"- snapshots against torchrun + disk, back at the crashed step: {ratio:.2f}x",
+        f"- a snapshot every step costs {share:.1%} of a step on the training thread", "",
+        *rows, "",
+    ])  # fmt: skip
+    (args.out / "recovery.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
