@@ -74,16 +74,62 @@ XDIST_GROUPS = {
 }
 
 
+ALONE_GROUP = "alone"
+
+# The units (groups, modules, tests) that take the longest, longest first: the workers start
+# with them, so that none is left to run by itself at the end of the run. Measured with
+# `--durations=0`; one missing from here, or one that got cheaper, costs only time.
+HEAVY_FIRST = (
+    "tests/test_packaging.py",
+    "torchrun-dropin",
+    "tests/warm/test_examples_warm.py",
+    "tests/checkpoint/test_snapshots_real.py",
+    "tests/schedulers/test_harness.py",
+    "tests/stragglers/test_stragglers.py",
+    "tests/test_ddp_example.py",
+    "faults-vs-torchrun",
+    "tests/rendezvous/test_status_keys.py",
+    "one-composition",
+    "torchrun-errors",
+    "tests/rendezvous/test_multinode.py",
+)
+
+
 class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]  # xdist has no type hints
-    """xdist's loadgroup with the groups of XDIST_GROUPS, looked up by the test's module.
+    """xdist's loadgroup with the groups of XDIST_GROUPS, looked up by the test's module, and
+    the tests that run alone (ALONE) in a group of their own.
 
     Not `xdist_group` marks: loadgroup sends a mark to the controller as a suffix of the test's
     node id, which pytest 9.2 no longer lets a plugin change, and the tests of a mark then run
     on any worker, silently (pytest-xdist issue 1386)."""
 
     def _split_scope(self, nodeid: str) -> str:
+        if runs_alone(nodeid):
+            return ALONE_GROUP
         group = XDIST_GROUPS.get(nodeid.split("::", 1)[0])
         return group if group is not None else str(super()._split_scope(nodeid))
+
+    def schedule(self) -> None:
+        """As loadgroup, with the units in order (`unit_order`) instead of by their number of
+        tests: the alone group first, then the heavy units."""
+        self.config.option.loadscopereorder = False
+        super().schedule()
+
+
+def unit_order(nodeid: str) -> int:
+    """Where a test's unit goes in the run: the tests that run alone first, as one block while
+    nothing else has started (no other test's end to wait for), then HEAVY_FIRST in its order,
+    then the rest as collected."""
+    if runs_alone(nodeid):
+        return 0
+    module = nodeid.split("::", 1)[0]
+    keys = (module, XDIST_GROUPS.get(module))
+    return next((1 + n for n, unit in enumerate(HEAVY_FIRST) if unit in keys), len(HEAVY_FIRST) + 1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests in `unit_order` (a stable sort: collected order within each place)."""
+    items.sort(key=lambda item: unit_order(item.nodeid))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make a plain loadgroup
@@ -107,22 +153,70 @@ def runs_alone(nodeid: str) -> bool:
     return any(nodeid == key or nodeid.startswith((f"{key}::", f"{key}[")) for key in ALONE)
 
 
+class AloneBlock:
+    """The exclusive hold on the host of the worker that runs the alone group, from its first
+    test to its last; `done` is written when it lets go."""
+
+    def __init__(self) -> None:
+        self.held: contextlib.ExitStack | None = None
+
+    def enter(self, run_dir: Path) -> None:
+        if self.held is not None:
+            return
+        self.held = contextlib.ExitStack()
+        turn = self.held.enter_context((run_dir / "host-turn.lock").open("a"))
+        host = self.held.enter_context((run_dir / "host.lock").open("a"))
+        fcntl.flock(turn, fcntl.LOCK_EX)  # in turn: a test waiting to run alone goes first
+        fcntl.flock(host, fcntl.LOCK_EX)  # `turn` too, until the block ends: nobody starts
+
+    def leave(self, run_dir: Path) -> None:
+        if self.held is not None:
+            self.held.close()
+            self.held = None
+        (run_dir / ALONE_DONE).touch()
+
+
+_alone = AloneBlock()
+ALONE_DONE = "alone.done"
+ALONE_WAIT = 900.0  # seconds another test waits for the alone block before it starts anyway
+HAS_ALONE = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(trylast=True)  # after the sort: the tests this worker's run holds
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.stash[HAS_ALONE] = any(runs_alone(item.nodeid) for item in session.items)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's: a wait is no test time
-def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
     """On an xdist worker, each test (setup to teardown) holds the run's lock on the host: shared,
-    or alone (ALONE) exclusive. One that waits to run alone stops the others from starting."""
+    or alone (ALONE) exclusive.
+
+    The tests that run alone are one group, scheduled first (`unit_order`). Its worker holds the
+    exclusive lock from the first of them to the last, and the other workers' tests wait for
+    the block to end before they start: the block never waits for another test to end, and
+    the host is never half idle while one does."""
     if "PYTEST_XDIST_WORKER" not in os.environ:  # one process, one test at a time
         return (yield)
     run_dir = Path(item.config.getoption("basetemp")).parent  # the workers' basetemps are in it
+    if runs_alone(item.nodeid):
+        _alone.enter(run_dir)
+        try:
+            return (yield)
+        finally:
+            if nextitem is None or not runs_alone(nextitem.nodeid):
+                _alone.leave(run_dir)
+    if item.session.stash.get(HAS_ALONE, False):
+        with contextlib.suppress(AssertionError):  # its worker died: go on, in turn
+            wait_for((run_dir / ALONE_DONE).exists, ALONE_WAIT, "the alone block", interval=0.1)
     with contextlib.ExitStack() as held:
         turn = held.enter_context((run_dir / "host-turn.lock").open("a"))
         host = held.enter_context((run_dir / "host.lock").open("a"))
         fcntl.flock(turn, fcntl.LOCK_EX)  # in turn: a test waiting to run alone goes first
-        if runs_alone(item.nodeid):
-            fcntl.flock(host, fcntl.LOCK_EX)  # `turn` too, until it ends: nobody starts
-        else:
-            fcntl.flock(turn, fcntl.LOCK_UN)
-            fcntl.flock(host, fcntl.LOCK_SH)
+        fcntl.flock(turn, fcntl.LOCK_UN)
+        fcntl.flock(host, fcntl.LOCK_SH)
         return (yield)
 
 

@@ -50,11 +50,16 @@ class Agent:
 
 @dataclass
 class Job:
-    """Agents of one job: same backend, endpoint and run id; a records file shared by workers."""
+    """Agents of one job: same backend, endpoint and run id; a records file shared by workers.
+
+    The workers (tests/scripts/elastic.py) sum their ranks through files, without torch, unless
+    `gloo`: then through a gloo all_reduce, for the tests about torch's side of a job (the
+    workers' store, torchrun agents' workers)."""
 
     tmp: Path
     backend: str
     endpoint: str
+    gloo: bool = False
     run_id: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}")
     agents: list[Agent] = field(default_factory=list)
 
@@ -87,7 +92,9 @@ class Job:
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.tmp,
-                env=base | {"OUT_DIR": str(self.out)} | (env or {}),
+                env=base
+                | {"OUT_DIR": str(self.out), "GLOO": "1" if self.gloo else "0"}
+                | (env or {}),
                 stdout=sink,
                 stderr=subprocess.STDOUT,
             )
@@ -141,9 +148,9 @@ class Job:
 
 
 @contextlib.contextmanager
-def job(tmp: Path, backend: str, endpoint: str) -> Iterator[Job]:
+def job(tmp: Path, backend: str, endpoint: str, *, gloo: bool = False) -> Iterator[Job]:
     """A job whose agents are all stopped when the test ends, however it ends."""
-    j = Job(tmp=tmp, backend=backend, endpoint=endpoint)
+    j = Job(tmp=tmp, backend=backend, endpoint=endpoint, gloo=gloo)
     try:
         yield j
     finally:

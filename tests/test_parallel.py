@@ -1,12 +1,22 @@
-"""The parallel run's groups and the tests that run alone (tests/conftest.py's XDIST_GROUPS,
-ALONE): each names a test module (or a test in it), and every module that uses the host's
-/etc/hosts, the Slurm test cluster with it, is in one group."""
+"""The parallel run's groups, the tests that run alone and the heavy units scheduled first
+(tests/conftest.py's XDIST_GROUPS, ALONE, HEAVY_FIRST): each names a test module (or a test in
+it), and every module that uses the host's /etc/hosts, the Slurm test cluster with it, is in one
+group."""
 
 from __future__ import annotations
 
 import re
 
-from tests.conftest import ALONE, REPO, XDIST_GROUPS, GroupScheduling, runs_alone
+from tests.conftest import (
+    ALONE,
+    ALONE_GROUP,
+    HEAVY_FIRST,
+    REPO,
+    XDIST_GROUPS,
+    GroupScheduling,
+    runs_alone,
+    unit_order,
+)
 
 # What puts a module in the etc-hosts group: the session's Slurm cluster (the `slurm` fixture),
 # or the Kubernetes stand-in, which writes its pods' names into /etc/hosts.
@@ -51,3 +61,18 @@ def test_every_module_that_edits_etc_hosts_is_in_one_group() -> None:
     assert {module: XDIST_GROUPS.get(module) for module in users} == dict.fromkeys(
         users, "etc-hosts"
     )
+
+
+def test_the_alone_tests_are_one_group_scheduled_first_then_the_heavy_units() -> None:
+    scheduler = object.__new__(GroupScheduling)
+    alone = [key if "::" in key else f"{key}::test_x" for key in ALONE]
+    assert {scheduler._split_scope(nodeid) for nodeid in alone} == {ALONE_GROUP}
+    heavy = ["tests/test_packaging.py::test_x", "tests/torchrun/test_torchrun_dropin.py::t[a]"]
+    light = "tests/cli/test_cli.py::test_help"
+    ordered = sorted([light, *reversed(heavy), *alone], key=unit_order)
+    assert ordered == [*alone, *heavy, light]
+
+
+def test_every_heavy_unit_names_a_module_or_a_group() -> None:
+    units = {*XDIST_GROUPS.values(), *XDIST_GROUPS}
+    assert [u for u in HEAVY_FIRST if u not in units and not (REPO / u).is_file()] == []

@@ -45,8 +45,10 @@ def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_we
         cwd=tmp_path,
     )
     assert crash.returncode == 0, crash.stderr
-    # Both ranks resume after the last step every rank completed: none is lost, none repeated.
-    assert crash.stdout.count("resumed after step 6 (attempt 1)") == 2, crash.stdout
+    # Both ranks resume after the newest step every rank holds: step 6, which rank 1 finished
+    # before it crashed, or step 5 where the agent stopped rank 0 before its snapshot of step 6
+    # was written. At most that one step is trained again, by both ranks alike.
+    assert resumed_steps(crash.stdout, attempt=1) in (["6", "6"], ["5", "5"]), crash.stdout
     assert weights(tmp_path / "crash.json") == weights(tmp_path / "clean.json")
 
     # A preemption: SIGTERM to the agent mid-run. It stops the workers and keeps their last
@@ -70,6 +72,10 @@ def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_we
     resumed = re.findall(r"resumed after step (\d+) \(attempt 0\)", again.stdout)
     assert resumed == [kept.group(1).decode()] * 2, again.stdout
     assert weights(tmp_path / "pre.json") == weights(tmp_path / "clean.json")
+
+
+def resumed_steps(out: str, *, attempt: int) -> list[str]:
+    return re.findall(rf"resumed after step (\d+) \(attempt {attempt}\)", out)
 
 
 def step_files(area: Path) -> int:
@@ -121,7 +127,8 @@ def test_two_nodes_resume_the_same_step_after_a_crash_on_one(tmp_path: Path) -> 
             j.start(argv=[*cmd, f"logs.root={tmp_path / logs}", "--", *args])
         assert j.finish(90) == [0, 0], j.explain()
     said = [re.findall(r"resumed after step (\d+)", a.text()) for a in j.agents]
-    assert said == [["4"], ["4"]], j.explain()
+    # Step 4, or step 3 where node 0's worker was stopped before its snapshot of step 4.
+    assert said in ([["4"], ["4"]], [["3"], ["3"]]), j.explain()
     # One copy of each step kept: both nodes' parts, each node's manifest.
     assert Home(home).copies() == [14, 15] and len(Home(home).manifests(15)) == 2
     assert weights(tmp_path / "final.json")

@@ -12,6 +12,8 @@ from elastic_hydra.agent import events
 from elastic_hydra.observe.publish import Publisher
 from elastic_hydra.observe.sample import Sampler
 from elastic_hydra.observe.status import JobPhase, Tracker, WorkerState, decode
+from elastic_hydra.workers import procfs
+from tests.conftest import wait_for
 
 T = {"wall_time": 1.0, "mono_time": 1.0}
 
@@ -45,7 +47,11 @@ def test_cpu_is_a_rate_between_two_samples() -> None:
     sampler = Sampler(gpu=False)
     me = os.getpid()
     assert sampler.sample([me])[me].cpu_percent is None
-    sum(i * i for i in range(300_000))
+    # Work until /proc counts some: it counts in clock ticks (10 ms), so a fixed amount of work
+    # can show none on a loaded host.
+    start = procfs.cpu_seconds(me)
+    wait_for(lambda: sum(i * i for i in range(30_000)) and procfs.cpu_seconds(me) != start, 30,
+             "this process's CPU time to advance in /proc")  # fmt: skip
     second = sampler.sample([me, 2**22 + 7])  # a pid that does not exist is left out
     assert list(second) == [me]
     percent = second[me].cpu_percent

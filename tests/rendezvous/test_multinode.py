@@ -58,7 +58,7 @@ def test_two_nodes_of_two_workers(
         endpoint = f"127.0.0.1:{free_port()}"
     else:
         endpoint = request.getfixturevalue("etcd").endpoint
-    with job(tmp_path, backend, endpoint) as j:
+    with job(tmp_path, backend, endpoint, gloo=True) as j:  # the workers' gloo on each backend
         for _ in range(2):
             j.start("nnodes=2", "nproc_per_node=2", *FAST)
         assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
@@ -553,7 +553,7 @@ def store_for(tmp: Path, store: str, request: pytest.FixtureRequest) -> Iterator
 # ------------------------------------------------------------------------------------- interop
 def test_an_elastic_hydra_agent_and_a_torchrun_agent_form_one_job(tmp_path: Path) -> None:
     port = free_port()
-    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}", gloo=True) as j:
         j.start("nnodes=2", "nproc_per_node=2", *FAST)
         torchrun = [
             str(Path(sys.executable).with_name("torchrun")),
@@ -624,7 +624,7 @@ def test_a_mixed_job_restarts_in_either_start_order_without_store_sharing(
     # Rank 0 fails once; both agents restart into a new round. The first agent to start hosts
     # the c10d store (node 0), so both orders put the other launcher's agent on node 1.
     port = free_port()
-    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}", gloo=True) as j:
         ours = ("nnodes=2", "nproc_per_node=1", "restart.max_restarts=2", *FAST)
         theirs = torchrun_argv(j, port, "--max-restarts=2")
         for n in range(2):
@@ -655,7 +655,7 @@ def test_a_mixed_job_with_store_sharing_stops_at_its_first_restart_and_says_why(
     # torch 2.13's agents keep their first round's worker store; a restart would then hang on
     # stale keys. Our agent says so in one line instead of waiting on the store for a minute.
     port = free_port()
-    with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+    with job(tmp_path, "c10d", f"127.0.0.1:{port}", gloo=True) as j:
         j.start(argv=torchrun_argv(j, port, "--max-restarts=2"), env={"FAIL_RANK": "0"})
         ours = j.start("nnodes=2", "nproc_per_node=1", "restart.max_restarts=2", *FAST,
                        env={"FAIL_RANK": "0"})  # fmt: skip

@@ -1,7 +1,11 @@
 """Test worker for multi-node jobs: a gloo all_reduce, one record line, then wait or leave.
 
-Joins the job through env:// (as a torchrun worker), all_reduces RANK + 1 and appends
-{rank, world_size, sum, ...} to `$OUT_DIR/records.jsonl`. Then:
+Sums RANK + 1 over the ranks of its round and appends {rank, world_size, sum, ...} to
+`$OUT_DIR/records.jsonl`. With GLOO=1 (or LOOP=1) the sum is a gloo all_reduce, the worker joining
+through env:// as a torchrun worker does: for the tests about torch's side of a job. Otherwise it
+is exchanged through files in `$OUT_DIR` among the round's live ranks (no torch: its import costs
+about 2 s of CPU per worker), which still needs every rank of the round, each with its own RANK,
+one WORLD_SIZE and one MASTER_ADDR/MASTER_PORT. Then:
 - FAIL_RANK=R: rank R raises ValueError("boom from rank R") on its first attempt, after the
   all_reduce and once every rank of its round wrote its record, leaving the file
   `$OUT_DIR/failed`; only workers started after that may exit 0;
@@ -22,8 +26,58 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+if os.environ.get("GLOO") == "1" or os.environ.get("LOOP") == "1":
+    import torch
+    import torch.distributed as dist
+
+EXCHANGE_TIMEOUT = 60.0  # seconds, as the gloo group's
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def exchange_sum(env: os._Environ[str], rank: int, world_size: int) -> int:
+    """RANK + 1 summed over the round's ranks, through files: each rank writes its value (whole:
+    written beside, renamed), then waits until every rank 0..WORLD_SIZE-1 of the same master
+    endpoint has one from a live process (a stopped round's workers are gone), and marks that it
+    read them; it leaves once every rank has read them (a peer that is slower to look still
+    finds every writer alive)."""
+    master = f"{env['MASTER_ADDR']}-{env['MASTER_PORT']}-{world_size}"
+    here = Path(env["OUT_DIR"]) / "rounds" / master
+    here.mkdir(parents=True, exist_ok=True)
+    mine = here / f"rank-{rank}"
+    part = here / f".rank-{rank}.{os.getpid()}"
+    part.write_text(json.dumps({"pid": os.getpid(), "value": rank + 1}))
+    os.replace(part, mine)
+    deadline = time.monotonic() + EXCHANGE_TIMEOUT
+    peers: dict[int, int] = {}  # pid -> value, of this round's ranks
+    while len(peers) < world_size:
+        peers = {}
+        for peer in range(world_size):
+            try:
+                got = json.loads((here / f"rank-{peer}").read_text())
+            except (OSError, ValueError):
+                break
+            if not alive(int(got["pid"])):
+                break
+            peers[int(got["pid"])] = int(got["value"])
+        if len(peers) < world_size:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank}: the round of {world_size} never completed")
+            time.sleep(0.01)
+    (here / f"read-{os.getpid()}").touch()
+    while time.monotonic() < deadline and not all(
+        (here / f"read-{pid}").exists() or not alive(pid) for pid in peers
+    ):
+        time.sleep(0.01)
+    return sum(peers.values())
 
 
 def released(world_size: int, after_failure: bool) -> bool:
@@ -53,15 +107,19 @@ def main() -> int:
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     failed_marker = Path(env["OUT_DIR"]) / "failed"
     after_failure = failed_marker.exists()
-    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
-    value = torch.tensor([float(rank + 1)])
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    if env.get("LOOP") != "1":
-        dist.destroy_process_group()
+    if "torch" in sys.modules:
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        total = int(value.item())
+        if env.get("LOOP") != "1":
+            dist.destroy_process_group()
+    else:
+        total = exchange_sum(env, rank, world_size)
     record = {
         "rank": rank,
         "world_size": world_size,
-        "sum": int(value.item()),
+        "sum": total,
         "expected": world_size * (world_size + 1) // 2,
         "group_rank": int(env["GROUP_RANK"]),
         "group_world_size": int(env["GROUP_WORLD_SIZE"]),
