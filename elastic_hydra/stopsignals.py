@@ -1,8 +1,9 @@
 """Stop signals: recorded from the launcher's first instruction, then routed to the agent.
 
-Before the agent runs, SIGTERM/SIGINT/SIGHUP/SIGQUIT are only recorded (no KeyboardInterrupt in
-the middle of Hydra's composition); the CLI checks the record before it starts anything, and the
-agent takes it over as its own stop request (`StopFlag`, a `seams.StopRequest`).
+Before the agent runs, SIGTERM/SIGINT/SIGHUP/SIGQUIT and SIGUSR1 (a save request) are only
+recorded (no KeyboardInterrupt in the middle of Hydra's composition); the CLI checks the record
+before it starts anything, and the agent takes it over as its own stop request (`StopFlag`, a
+`seams.StopRequest`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from types import FrameType
 # torchrun's default --signals-to-handle, in its order: each is forwarded to the workers, then
 # the agent exits 128+N (env.SIGNALS_TO_HANDLE tells the workers, as torchrun does).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# A save request: stop as SIGTERM does, the workers' snapshots saved first (checkpoint/). Slurm's
+# `--signal=USR1@T` and `elastic-hydra save` send it. Not forwarded: the workers get SIGTERM
+# (agent.worker_env.to_workers; Lightning and submitit read a SIGUSR1 of their own as "requeue
+# me").
+SAVE_SIGNAL = signal.SIGUSR1
+HANDLED = (*STOP_SIGNALS, SAVE_SIGNAL)
 _received: list[int] = []
 
 
@@ -24,8 +31,8 @@ def _record(signum: int, _frame: FrameType | None) -> None:
 
 
 def record_early() -> None:
-    """From now on, a stop signal is recorded until the agent handles it."""
-    for sig in STOP_SIGNALS:
+    """From now on, a stop signal (or a save request) is recorded until the agent handles it."""
+    for sig in HANDLED:
         signal.signal(sig, _record)
 
 
@@ -60,8 +67,9 @@ class StopFlag:
 
 @contextmanager
 def handle_signals(flag: StopFlag) -> Iterator[None]:
-    """Route the stop signals to `flag` (no KeyboardInterrupt), restoring handlers after."""
-    previous = {sig: signal.signal(sig, flag.handle) for sig in STOP_SIGNALS}
+    """Route the stop signals and the save request to `flag` (no KeyboardInterrupt), restoring
+    handlers after."""
+    previous = {sig: signal.signal(sig, flag.handle) for sig in HANDLED}
     old_wake = signal.set_wakeup_fd(flag.write_fd, warn_on_full_buffer=False)
     if flag.signum is None and (early := pending_signal()) is not None:
         flag.handle(early, None)  # recorded after the flag was made, before it took over

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from elastic_hydra import stopsignals
-from elastic_hydra.stopsignals import StopFlag, handle_signals
+from elastic_hydra.agent.worker_env import to_workers
+from elastic_hydra.stopsignals import HANDLED, SAVE_SIGNAL, STOP_SIGNALS, StopFlag, handle_signals
 
 
 @pytest.fixture
@@ -42,3 +43,11 @@ def test_a_flag_made_from_the_record_counts_it_once(recorded: list[int]) -> None
             assert (flag.signum, flag.count) == (signal.SIGTERM, 1)  # a second would hurry
     finally:
         flag.close()
+
+
+def test_a_save_request_stops_the_workers_with_sigterm_and_every_other_signal_is_forwarded() -> (
+    None
+):
+    assert to_workers(SAVE_SIGNAL) == signal.SIGTERM  # worker_env names SIGUSR1 for it
+    assert [to_workers(s) for s in STOP_SIGNALS] == list(STOP_SIGNALS)
+    assert SAVE_SIGNAL in HANDLED and SAVE_SIGNAL not in STOP_SIGNALS

@@ -30,6 +30,7 @@ from elastic_hydra.agent.seams import (
     WorkerGroup,
     WorkerGroupFactory,
 )
+from elastic_hydra.agent.worker_env import to_workers
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.plan import (
     Action,
@@ -326,7 +327,8 @@ class Executor(CollateralWait, RoundGates):
         return record
 
     def _stop_group(self, group: WorkerGroup, ended: Ended, reason: str) -> None:
-        sig = self.stop_request.signum if ended is Ended.STOPPED else signal.SIGTERM
+        received = self.stop_request.signum if ended is Ended.STOPPED else None
+        sig = signal.SIGTERM if received is None else to_workers(received)
         running = group.running()
         hung = ended in (Ended.HUNG, Ended.HUNG_FAIL)
         # Workers whose stacks were just saved as stuck rarely stop on SIGTERM: one stuck in a
@@ -336,13 +338,13 @@ class Executor(CollateralWait, RoundGates):
             self.observer.emit(
                 events.Stopping(
                     **self._now(),
-                    signal=signal.Signals(sig or signal.SIGTERM).name,
+                    signal=signal.Signals(sig).name,
                     workers=len(running),
                     grace=grace,
                     hung=hung,
                 )
             )
-        exits, stuck = group.stop(sig or signal.SIGTERM, grace)
+        exits, stuck = group.stop(sig, grace)
         node = self.state.node
         assert node is not None
         for exited in exits:
@@ -354,7 +356,7 @@ class Executor(CollateralWait, RoundGates):
                 events.Stop(
                     **self._now(),
                     reason=reason,
-                    signal=signal.Signals(sig or signal.SIGTERM).name,
+                    signal=signal.Signals(sig).name,
                     stopped_ranks=tuple(running),
                     paused_ranks=tuple(group.paused),  # found stopped (SIGSTOP), resumed to exit
                     stuck_pids=tuple(stuck),

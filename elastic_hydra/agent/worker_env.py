@@ -42,6 +42,13 @@ DUMP_SIGNAL = int(signal.SIGRTMIN) + 4
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
+def to_workers(received: int) -> int:
+    """The signal that stops the workers when the agent received `received`: the same one, as
+    torchrun forwards it, except the save request (stopsignals.SAVE_SIGNAL, SIGUSR1), for which
+    they get SIGTERM: a worker's SIGUSR1 means "requeue me" to Lightning and submitit."""
+    return int(signal.SIGTERM) if received == signal.SIGUSR1 else received
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerFiles:
     run_dir: str

@@ -17,6 +17,7 @@ One module per subcommand:
   torchrun-style command (`--plan=yaml`).
 - `report`: a finished run (or sweep) shown again.
 - `stacks`: where a running job's ranks are, on this node, right now.
+- `save`: a running job's agent asked to save its ranks' snapshots and stop (SIGUSR1).
 - `rdzv_server`: `rdzv-server`, the c10d store of `elastic_hydra.rendezvous.server` as a process.
 - `quarantine`: `quarantine list|add|clear`, the ledger of `elastic_hydra.quarantine` by hand.
 - `top`: `top`, every rank of a running job live, from the agents' status records.

@@ -4,6 +4,7 @@ elastic-hydra [JOB.yaml] [-m] [--plan[=json|yaml]] [key=value ...] [-- SCRIPT AR
 elastic-hydra [--plan[=json|yaml]] [TORCHRUN FLAGS] [key=value ...] SCRIPT [ARGS ...]
 elastic-hydra report [RUN_DIR | SWEEP_DIR]     (the latest run without one; see report.py)
 elastic-hydra stacks [RUN_DIR]                 (a running job's stacks; the latest without one)
+elastic-hydra save [RUN_DIR]                   (save the snapshots and stop: exit 75; see save.py)
 elastic-hydra rdzv-server [--host H] [--port P]      (see rdzv_server.py)
 elastic-hydra quarantine list|add|clear ...          (the quarantine ledger; see quarantine.py)
 
@@ -60,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             from elastic_hydra.cli import stacks
 
             sys.exit(_printing(stacks.main, args[1:]))
+        if args[:1] == ["save"]:
+            from elastic_hydra.cli import save
+
+            sys.exit(_printing(save.main, args[1:]))
         inv = parse_argv(args, boundary.hydra_flags())
         for note in inv.notes:
             print(f"elastic-hydra: note: {note}", file=sys.stderr)

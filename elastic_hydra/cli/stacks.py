@@ -49,12 +49,13 @@ def main(args: Sequence[str]) -> int:
     return 0
 
 
-def running_run(root: Path) -> Path:
-    """The run dir under `root` whose events were written last, among runs still running."""
+def running_run(root: Path, command: str = "stacks") -> Path:
+    """The run dir under `root` whose events were written last, among runs still running (for
+    `elastic-hydra COMMAND` without a run dir)."""
     live = running_runs(root)
     if not live:
         raise ConfigError(
-            "stacks", "no running job", str(root), "expected elastic-hydra stacks RUN_DIR"
+            command, "no running job", str(root), f"expected elastic-hydra {command} RUN_DIR"
         )
     return max(live, key=lambda run: run.events.stat().st_mtime).root
 

@@ -132,3 +132,32 @@ def test_two_nodes_resume_the_same_step_after_a_crash_on_one(tmp_path: Path) -> 
     # One copy of each step kept: both nodes' parts, each node's manifest.
     assert Home(home).copies() == [14, 15] and len(Home(home).manifests(15)) == 2
     assert weights(tmp_path / "final.json")
+
+
+def test_elastic_hydra_save_asks_every_rank_to_stop_after_one_step_and_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """`elastic-hydra save RUN_DIR` (SIGUSR1 to the agent, as Slurm's --signal=USR1 sends):
+    both ranks stop after the same step, that step is kept, the agent exits 75; a relaunch
+    resumes there. Without a live agent the command says so (exit 1)."""
+    env = {"OUT_DIR": str(tmp_path), "STEPS": "100000", "STEP_TIME": "0.05"}
+    args = [f"script={PLAIN}", "nproc_per_node=2", f"logs.root={tmp_path / 'eh_logs'}"]
+    with started(*args, cwd=tmp_path, env=env) as agent:
+        wait_for(lambda: areas_of(agent.pid) and step_files(areas_of(agent.pid)[0]) >= 3, 60,
+                 "three snapshots in the agent's memory")  # fmt: skip
+        asked = run("save", cwd=tmp_path, timeout=60)  # the newest live run in ./eh_logs
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        assert f"asked the agent (pid {agent.pid}) of " in asked.stdout, asked.stdout
+        _, err = agent.communicate(timeout=60)
+    assert agent.returncode == EXIT_PREEMPTED_SAVED, err
+    kept = re.search(r"checkpoint: step (\d+) of ranks 0-1 kept in ", err.decode())
+    assert kept is not None, err
+    (summary,) = (tmp_path / "eh_logs").glob("**/summary.json")
+    for rank in (0, 1):  # each rank's own log: the console merges equal lines
+        log = (summary.parent / f"attempt_0/{rank}/stdout.log").read_text()
+        assert re.findall(r"stopping after step (\d+)", log) == [kept.group(1)], log
+    again = run("save", str(summary.parent), cwd=tmp_path)
+    assert again.returncode == 1 and "no agent of " in again.stdout, again.stdout
+    resumed = run(*args, cwd=tmp_path, env={"OUT_DIR": str(tmp_path), "STEPS": "1"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed after step {kept.group(1)}" in resumed.stdout, resumed.stdout

@@ -5,7 +5,9 @@ steps from there to STEPS, snapshotting each.
 - KILL_AT=S: on the first attempt, the snapshot of step S SIGKILLs its own worker halfway
   through the write;
 - UNCOPYABLE_AT=S: the state of step S holds a lambda (the snapshot is skipped, the job goes on);
-- BIG_AT=S: the state of step S is 1 MiB (over a small checkpoint.max_memory).
+- BIG_AT=S: the state of step S is 1 MiB (over a small checkpoint.max_memory);
+- STEP_TIME=T: each step takes T seconds more; it stops (prints "stopping after step K") when
+  `ckpt.save_requested()` says so.
 Appends each step it ran to `$OUT_DIR/steps-<rank>.txt`.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 from elastic_hydra import checkpoint as ckpt
@@ -54,6 +57,10 @@ def main() -> None:
         with out.open("a") as sink:
             sink.write(f"{step}\n")
         ckpt.snapshot(snap, step=step)
+        if ckpt.save_requested():
+            print(f"stopping after step {step}", flush=True)
+            return
+        time.sleep(float(os.environ.get("STEP_TIME", "0")))  # a step's work
 
 
 if __name__ == "__main__":
