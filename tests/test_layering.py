@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.harness import launcher_env
 
 PACKAGE = REPO / "elastic_hydra"
 ROOT = "(root)"
@@ -454,8 +455,9 @@ def test_the_tests_mirror_the_folders() -> None:
     assert all(list((tests / name).glob("test_*.py")) for name in mirrored)
 
 
-# What only some launches need, loaded where it is used: a plain launch (`preflight=off`, no
-# ledger, no --plan) pays for none of it at start-up.
+# What only some launches need, loaded where it is used: a plain launch (one node, `preflight=off`,
+# no ledger, no metrics, no --plan, no torchrun flags) has loaded none of it when its first worker
+# starts. A package stands for its modules.
 NOT_ON_THE_LAUNCH_PATH = (
     "elastic_hydra.cli.plan",  # --plan
     "elastic_hydra.cli.report",  # `report`
@@ -463,22 +465,49 @@ NOT_ON_THE_LAUNCH_PATH = (
     "elastic_hydra.config.jobfile",  # a job file's own checks
     "elastic_hydra.resolve.kubernetes",  # --plan=jobset|trainjob
     "elastic_hydra.launch.preflight",  # preflight=quick|full
-    "elastic_hydra.preflight.battery",
-    "elastic_hydra.quarantine.ledger",  # quarantine.ledger=PATH
+    "elastic_hydra.preflight",
+    "elastic_hydra.quarantine",  # quarantine.ledger=PATH
+    "elastic_hydra.torchrun",  # a torchrun-style command: its flags, a script named, PET_*
+    "elastic_hydra.schedulers",  # rdzv=slurm|auto|kubeflow|..., a run dir named in a Slurm step
+    "elastic_hydra.observe.metrics",  # metrics.port|textfile
+    "prometheus_client",
+    "elastic_hydra.report.render",  # a failure's report: a launch that succeeds never renders
+    "rich",
+    "elastic_hydra.report.goodput",  # the ledger, computed when the agent ends
+    "elastic_hydra.rendezvous.torch_backend",  # rdzv=c10d|etcd|...
+    "torch",
 )
+# A plain launch run to its end; what the launcher had loaded when it started its first worker
+# (the Popen whose argv names the script) is written to the file named by argv[2].
+AT_THE_FIRST_WORKER = """
+import json, sys
+script, out, logs = sys.argv[1:]
+started = []
+def at_the_first_worker(event, args):
+    if event == "subprocess.Popen" and not started and script in map(str, args[1] or ()):
+        started.append(script)
+        with open(out, "w") as f:
+            json.dump(sorted(sys.modules), f)
+sys.addaudithook(at_the_first_worker)
+sys.argv = ["elastic-hydra", "script=" + script, "nproc_per_node=2", "logs.root=" + logs]
+from elastic_hydra.cli.entry import main
+main()
+"""
 
 
-def test_a_plain_launch_loads_only_what_it_runs() -> None:
-    code = (
-        "import json, sys\n"
-        "import elastic_hydra.cli.run, elastic_hydra.launch.wiring\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('elastic_hydra.'))))"
-    )
+def test_a_plain_launch_loads_only_what_it_runs(tmp_path: Path) -> None:
+    script, loaded_file = tmp_path / "hello.py", tmp_path / "loaded.json"
+    script.write_text("print('hi')\n")
+    # Not a Slurm job, no PET_*: those would rightly load the schedulers, torchrun's flags.
+    env = {k: v for k, v in launcher_env().items() if not k.startswith(("SLURM_", "PET_"))}
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-        check=False,
+        [sys.executable, "-c", AT_THE_FIRST_WORKER, str(script), str(loaded_file),
+         str(tmp_path / "logs")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    loaded = set(json.loads(proc.stdout))
-    assert "elastic_hydra.launch.job" in loaded  # not vacuous
-    assert loaded & set(NOT_ON_THE_LAUNCH_PATH) == set()
+    assert loaded_file.exists(), "no worker was started with subprocess.Popen"
+    loaded = json.loads(loaded_file.read_text())
+    assert {"elastic_hydra.launch.wiring", "hydra"} <= set(loaded)  # not vacuous
+    leaked = [m for m in loaded for p in NOT_ON_THE_LAUNCH_PATH if m == p or m.startswith(p + ".")]
+    assert leaked == []

@@ -8,6 +8,9 @@ A job file becomes Hydra's `--config-dir/--config-name`; `--plan` is ours; the w
 `args` after composition (so they are never read by Hydra's override grammar). A command that
 names its script or uses torchrun's flags is torchrun-style: `torchrun_cli` turns its flags and
 the PET_* variables into overrides, placed before the user's own `key=value` words.
+
+`elastic_hydra.torchrun` loads only for a command that may be torchrun's (a word that starts with
+`-`, a script named, a PET_* variable set): a plain `key=value` launch does not pay for it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_hydra.config.invocation import (
     HydraFlags,
@@ -25,16 +29,9 @@ from elastic_hydra.config.invocation import (
     quote_arg,
 )
 from elastic_hydra.errors import ConfigError
-from elastic_hydra.torchrun.flags import (
-    ENTRYPOINT_KEYS,
-    beside,
-    pet_in,
-    take_flag,
-    translate,
-    unknown_flag,
-    with_environment,
-)
-from elastic_hydra.torchrun.rdzv import Given, Setting
+
+if TYPE_CHECKING:  # torchrun/ loads for a torchrun-style command only (see the docstring)
+    from elastic_hydra.torchrun.rdzv import Given, Setting
 
 PLAN_FORMATS = ("text", "json", "yaml", "jobset", "trainjob")
 _CONFIG_NAME = ("-cn", "--config-name")  # Hydra's own way to name a job file
@@ -73,6 +70,8 @@ def parse_argv(
     environ = os.environ if environ is None else environ
     torchrun = w.script is not None or bool(w.given)
     if w.short_m and w.script is not None:  # torchrun's -m: the script is a module's name
+        from elastic_hydra.torchrun.rdzv import Given
+
         w.given["module"] = Given(name="-m", value=True, shown="-m", explicit=True)
     elif w.short_m:
         w.flags.append("-m")
@@ -86,7 +85,7 @@ def parse_argv(
                 f"elastic-hydra {theirs} ... {w.script}"
             )
     reads_pet = {"rdzv=kubeflow", "rdzv=auto"} & set(w.overrides)  # those presets read them
-    if not torchrun and not reads_pet and (names := pet_in(environ)):
+    if not torchrun and not reads_pet and (names := _pet_set(environ)):
         notes.append(
             f"{', '.join(names)} set: torchrun's variables apply to a torchrun-style command "
             "(one that names its script, e.g. elastic-hydra train.py), not to this one; "
@@ -108,10 +107,29 @@ def parse_argv(
 def _torchrun_overrides(w: _Words, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """The overrides of a torchrun-style command (its flags' first, then the user's own) and its
     notes."""
+    from elastic_hydra.torchrun.flags import beside, translate, with_environment
+
     values = with_environment(w.given, environ)
     translation = translate(values, w.script, environ, job=w.job is not None)
     kept = beside(translation.settings, w.overrides)
     return [_override(s) for s in kept] + w.overrides, list(translation.notes)
+
+
+def _pet_set(environ: Mapping[str, str]) -> list[str]:
+    """The PET_* variables of torchrun's flags set in `environ` (`flags.pet_in`); with no PET_*
+    name at all, as in most environments, without loading torchrun's flags to say so."""
+    if not any(name.startswith("PET_") for name in environ):
+        return []
+    from elastic_hydra.torchrun.flags import pet_in
+
+    return pet_in(environ)
+
+
+def _torchrun_flag(argv: Sequence[str], i: int) -> tuple[str, Given, int] | None:
+    """`flags.take_flag` for a word that starts with `-` (every torchrun flag does)."""
+    from elastic_hydra.torchrun.flags import take_flag
+
+    return take_flag(argv, i)
 
 
 def _scan(argv: list[str], hydra_flags: HydraFlags) -> _Words:
@@ -131,7 +149,7 @@ def _scan(argv: list[str], hydra_flags: HydraFlags) -> _Words:
             w.plan, i = _plan_format(arg), i + 1
         elif arg == "-m":
             w.short_m, i = True, i + 1
-        elif (hit := take_flag(argv, i)) is not None:
+        elif arg.startswith("-") and (hit := _torchrun_flag(argv, i)) is not None:
             dest, w.given[dest], i = hit
         elif arg.startswith("-") and arg.split("=", 1)[0] in hydra_flags:
             i = _hydra_flag(argv, i, hydra_flags, w.flags)
@@ -141,6 +159,8 @@ def _scan(argv: list[str], hydra_flags: HydraFlags) -> _Words:
             w.job, i = Path(arg), i + 1
             w.flags += job_flags(w.job)
         elif arg.startswith("-"):
+            from elastic_hydra.torchrun.flags import unknown_flag  # it names torchrun's flags
+
             raise unknown_flag(arg)
         elif "=" in arg or arg.startswith("~"):
             w.overrides.append(keep_as_typed(arg))
@@ -172,9 +192,13 @@ def _script_after_dashes(w: _Words, rest: list[str]) -> bool:
     """torchrun reads the first word after `--` as its script. So does a command with torchrun's
     flags that names no entrypoint otherwise (no job file, no script=/module=/cmd=); in any other
     command, the words after `--` are the script's arguments."""
+    if not w.given or not rest or rest[0][:1] == "-":
+        return False
+    from elastic_hydra.torchrun.flags import ENTRYPOINT_KEYS  # loaded already: w.given's flags
+
     named = any(o.split("=", 1)[0].lstrip("+~") in ENTRYPOINT_KEYS for o in w.overrides)
     job = w.job is not None or any(f.split("=", 1)[0] in _CONFIG_NAME for f in w.flags)
-    return bool(w.given) and not job and not named and bool(rest) and rest[0][:1] != "-"
+    return not job and not named
 
 
 def own_words(argv: Sequence[str]) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from omegaconf import OmegaConf
 from elastic_hydra.config import schema
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.rundir import LOGS_ROOT
-from elastic_hydra.schedulers import slurm
 
 
 def register(launched: float) -> None:
@@ -66,8 +66,18 @@ def _launch_name(launched: float) -> str:
     """A plain run's directory under logs.root: `DATE/TIME_HOST` of the launch's instant, unique
     per launch; inside a Slurm step `slurm/JOBID.STEPID`, the same on every node (each writes in
     its own subdir)."""
-    step = slurm.step_dir_name(os.environ)
+    step = _slurm_step(os.environ)
     if step is not None:
         return f"slurm/{step}"
     when = datetime.fromtimestamp(launched).strftime("%Y-%m-%d/%H-%M-%S-%f")
     return f"{when}_{socket.gethostname()}"
+
+
+def _slurm_step(environ: Mapping[str, str]) -> str | None:
+    """`slurm.step_dir_name`, with Slurm's reader loaded inside a Slurm job only: outside one
+    (no job id, so `slurm_job` is None) there is no step to name."""
+    if "SLURM_JOB_ID" not in environ and "SLURM_JOBID" not in environ:
+        return None
+    from elastic_hydra.schedulers import slurm
+
+    return slurm.step_dir_name(environ)

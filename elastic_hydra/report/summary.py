@@ -19,7 +19,7 @@ from elastic_hydra.records.failures import FailureRecord, job_root_cause, signal
 from elastic_hydra.records.goodput import Ledger
 from elastic_hydra.records.summary import RunStatus, RunSummary
 from elastic_hydra.redact import redact
-from elastic_hydra.report import goodput, notices
+from elastic_hydra.report import notices
 from elastic_hydra.rundir import RunDir, write_kept
 
 
@@ -82,6 +82,8 @@ def node_ledger(
 ) -> Ledger:
     """This node's goodput ledger (`start`, `end`: the agent's, on the monotonic clock); its
     GPUs are those the plan gives its workers (none where it leaves devices alone)."""
+    from elastic_hydra.report import goodput  # at the agent's end: not before the workers start
+
     held = {gpu.uuid for worker in plan.devices for gpu in worker.gpus}
     return goodput.ledger(events, node=host, start=start, end=end, gpus=len(held))
 

@@ -3,20 +3,23 @@
 `rdzv=slurm` resolves straight to a c10d rendezvous at the step's first node, with the node count,
 the node order, the port and the run id taken from Slurm. `rdzv=kubeflow`, `jobset`, `skypilot`
 and `dstack` do the same with their scheduler's variables (read by `schedulers/`), and `rdzv=auto`
-picks whichever of these five started the process.
+picks whichever of these five started the process. Their readers (`schedulers/`) load for those
+backends only: a launch on one node, or at an endpoint it names, does not pay for them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from elastic_hydra.config.schema import ElasticHydraConf, RdzvConf
 from elastic_hydra.errors import TORCH_INSTALL, ConfigError
 from elastic_hydra.plan import Dynamic, DynamicBackend, Endpoint, NodeRange, Standalone, Static
 from elastic_hydra.resolve.runtime import seconds
-from elastic_hydra.schedulers import detect, slurm
-from elastic_hydra.schedulers.base import SchedulerError, SchedulerNode
+
+if TYPE_CHECKING:
+    from elastic_hydra.schedulers.base import SchedulerNode
 
 SCHEDULERS = ("kubeflow", "jobset", "skypilot", "dstack")
 BACKENDS = ("standalone", "static", "c10d", "etcd-v2", "etcd", "slurm", *SCHEDULERS, "auto")
@@ -185,6 +188,8 @@ def _whole_seconds(key: str, value: float) -> float:
 def _slurm(r: RdzvConf, nnodes: NodeRange, environ: Mapping[str, str]) -> Topology:
     """c10d at the step's first node, on a port of the job's own; nnodes, the node ranks (Slurm's
     node order) and the run id from Slurm. One launcher per node, inside srun."""
+    from elastic_hydra.schedulers import slurm
+
     try:
         job = slurm.slurm_job(environ)
     except ValueError as exc:
@@ -226,6 +231,9 @@ def _slurm(r: RdzvConf, nnodes: NodeRange, environ: Mapping[str, str]) -> Topolo
 
 def _detected(environ: Mapping[str, str]) -> str:
     """`rdzv=auto`: the scheduler whose environment is present."""
+    from elastic_hydra.schedulers import detect
+    from elastic_hydra.schedulers.base import SchedulerError
+
     try:
         return detect.detect(environ)
     except SchedulerError as exc:
@@ -238,6 +246,9 @@ def scheduler_node(backend: str, environ: Mapping[str, str]) -> SchedulerNode:
     Raises:
         ConfigError: a variable is missing, malformed or contradicts another: named, with the fix.
     """
+    from elastic_hydra.schedulers import detect
+    from elastic_hydra.schedulers.base import SchedulerError
+
     try:
         return detect.read(backend, environ)
     except SchedulerError as exc:
