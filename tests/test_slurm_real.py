@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import time
@@ -300,3 +301,43 @@ def test_a_submitit_sweep_reports_every_jobs_true_outcome(slurm: SlurmCluster, c
         assert sorted(nodes) == ["n1", "n2"], sorted(nodes)
         codes = {json.loads((n / "result.json").read_text())["exit_code"] for n in nodes.values()}
         assert codes == ({0} if job == "0" else {1}), (job, codes)
+
+
+@pytest.mark.timeout(420)  # a requeued job waits for its turn again
+def test_a_save_request_saves_both_nodes_at_one_step_and_the_requeued_job_resumes_there(
+    slurm: SlurmCluster, cwd: Path
+) -> None:
+    """`scancel --signal=USR1` (what `--signal=USR1@T` sends before the time limit) to a batch
+    job on two hosts: both agents stop after the same step, keep it and exit 75; the script
+    requeues on 75, as docs/slurm.md shows, and the requeued job resumes after that step on both
+    nodes: every step runs once."""
+    command = " ".join(launcher("nproc_per_node=1", script=WORKERS / "snapshots_plain.py"))
+    script = (
+        f"srun --ntasks-per-node=1 {command}\nrc=$?\necho rc=$rc\n"
+        '[ $rc -eq 75 ] && scontrol requeue "$SLURM_JOB_ID"\nexit 0\n'
+    )
+    (cwd / "job.sh").write_text("#!/bin/bash\n" + script)
+    env = slurm_env(slurm, cwd / "out", {"STEPS": "60", "STEP_TIME": "0.1"})
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--requeue", "--open-mode=append", "-N2",
+         f"--output={cwd / 'job.out'}", f"--chdir={cwd}", str(cwd / "job.sh")],
+        env=env, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    steps = [cwd / "out" / f"steps-{rank}.txt" for rank in (0, 1)]
+    wait_for(lambda: all(p.exists() and len(p.read_text().split()) >= 3 for p in steps),
+             STEP_TIMEOUT, "three steps on both nodes")  # fmt: skip
+    slurm.run(["scancel", "--signal=USR1", job_id], timeout=30)
+    output = cwd / "job.out"
+    wait_for(lambda: "rc=0" in output.read_text(), 3 * STEP_TIMEOUT, "the requeued job to end",
+             detail=lambda: output.read_text()[-3000:])  # fmt: skip
+    text = output.read_text()
+    assert text.index("rc=75") < text.index("rc=0"), text
+    saved = text[: text.index("rc=75")]  # the first run's lines
+    kept = re.findall(r"checkpoint: step (\d+) of rank (\d) kept in ", saved)
+    assert sorted(kept) == [(kept[0][0], "0"), (kept[0][0], "1")], text  # one step, both nodes
+    stopped = re.findall(r"stopping after step (\d+)", saved)
+    assert stopped == [kept[0][0]] * 2, text
+    assert text.count(f"resumed after step {kept[0][0]}") == 2, text
+    for path in steps:  # each step once: none lost, none trained again
+        assert path.read_text().split() == [str(s) for s in range(60)], path.read_text()

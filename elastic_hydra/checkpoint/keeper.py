@@ -238,14 +238,18 @@ class Keeper:
             if any(self.area.steps(rank) for rank in ranks):
                 self.say("checkpoint: the ranks here hold no step in common: nothing was kept")
             return None
+        copied = False
         for step in held[-2:]:
             if self.home.manifest(step, node.group_rank).exists():
-                continue  # kept already (an earlier end of this agent)
+                continue  # kept already (a save request, then the agent's end)
             try:
                 self._copy(step, node, ranks)
             except OSError as exc:
                 self.say(f"checkpoint: step {step} could not be kept in {self.home.root}: {exc}")
                 return None
+            copied = True
+        if not copied:
+            return held[-1]  # said when it was kept
         self.say(
             f"checkpoint: step {held[-1]} of rank{'s' if len(ranks) > 1 else ''} "
             f"{_span(ranks)} kept in {self.home.copy_dir(held[-1])}"

@@ -37,7 +37,7 @@ def main(args: Sequence[str]) -> int:
         raise ConfigError("save", "takes one run dir", " ".join(args), USAGE.splitlines()[0])
     run = RunDir(Path(args[0]) if args else running_run(Path(LOGS_ROOT), "save"))
     if not run.events.is_file():
-        raise ConfigError("save", "not a run dir (no events.jsonl)", str(run.root), USAGE)
+        raise ConfigError("save", f"not a run dir (no {run.events.name})", str(run.root), USAGE)
     pid = agent_pid(run)
     if pid is None:
         print(f"elastic-hydra save: no agent of {run.root} is running on this host")

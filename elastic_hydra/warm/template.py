@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import marshal
 import os
+import signal
 import socket
 import sys
 
@@ -208,6 +209,9 @@ def main() -> tuple[Any, Any] | None:
     # not this file's (whose neighbours would shadow top-level modules named env or pool).
     sys.path[0] = sys.argv[3]
     _prctl_deathsig()
+    # The agent's save request: Slurm's --signal=USR1 reaches every process of the step, this
+    # one too; the agent stops what it forked when it has saved (as the bootstrap does).
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if os.getppid() != agent:
         return None
     chan = socket.socket(fileno=os.dup(0))

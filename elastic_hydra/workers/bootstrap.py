@@ -40,6 +40,7 @@ import faulthandler
 import importlib.machinery
 import os
 import runpy
+import signal
 import sys
 import time
 import types
@@ -69,6 +70,10 @@ def main() -> None:
     if len(sys.argv) < 2 or (sys.argv[1:2] == ["-m"] and len(sys.argv) < 3):
         sys.stderr.write("usage: bootstrap.py SCRIPT [ARGS ...] | -m MODULE [ARGS ...]\n")
         sys.exit(2)
+    # SIGUSR1 is the agent's save request (Slurm's --signal=USR1@T, `elastic-hydra save`), and
+    # Slurm sends it to every process of the step: a worker goes on until the agent, having
+    # saved, stops it. A script that sets a handler of its own (Lightning's requeue) still has it.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     fault_path = os.environ.get(FAULT_FILE_ENV)
     if fault_path:
         # Private, like every file of the run dir; it lives as long as the worker.

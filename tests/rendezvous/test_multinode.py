@@ -123,7 +123,12 @@ def test_survivors_of_a_killed_node_continue_with_a_smaller_world(
         with job(tmp_path, backend, endpoint) as j:
             release = tmp_path / "release"
             env = {"EXIT_AT_WORLD": "2", "RELEASE": str(release)}
-            overrides: tuple[str, ...] = ("nnodes=2:3", "nproc_per_node=1", *FAST)
+            # A last call long enough for all three to make the first round however slowly the
+            # third starts on a loaded host (it would join at the next round otherwise, and the
+            # survivors would have restarted for it); the smaller round after the loss waits it.
+            overrides: tuple[str, ...] = (
+                "nnodes=2:3", "nproc_per_node=1", *FAST, "rdzv.last_call_timeout=10",
+            )  # fmt: skip
             if backend == "c10d":
                 overrides += ("rdzv.is_host=false",)  # the store lives in the rdzv-server
             for _ in range(3):
