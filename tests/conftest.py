@@ -80,17 +80,18 @@ ALONE_GROUP = "alone"
 # with them, so that none is left to run by itself at the end of the run. Measured with
 # `--durations=0`; one missing from here, or one that got cheaper, costs only time.
 HEAVY_FIRST = (
-    "tests/test_packaging.py",
+    "etc-hosts",  # the Slurm cluster's tests and the Kubernetes stand-in's, one after another
     "torchrun-dropin",
+    "one-composition",
+    "tests/test_packaging.py",
     "tests/warm/test_examples_warm.py",
     "tests/checkpoint/test_snapshots_real.py",
-    "tests/schedulers/test_harness.py",
     "tests/stragglers/test_stragglers.py",
-    "tests/test_ddp_example.py",
-    "faults-vs-torchrun",
-    "tests/rendezvous/test_status_keys.py",
-    "one-composition",
     "torchrun-errors",
+    "tests/test_ddp_example.py",
+    "tests/rendezvous/test_status_keys.py",
+    "torch-parity",
+    "faults-vs-torchrun",
     "tests/rendezvous/test_multinode.py",
 )
 

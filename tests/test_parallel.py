@@ -67,7 +67,7 @@ def test_the_alone_tests_are_one_group_scheduled_first_then_the_heavy_units() ->
     scheduler = object.__new__(GroupScheduling)
     alone = [key if "::" in key else f"{key}::test_x" for key in ALONE]
     assert {scheduler._split_scope(nodeid) for nodeid in alone} == {ALONE_GROUP}
-    heavy = ["tests/test_packaging.py::test_x", "tests/torchrun/test_torchrun_dropin.py::t[a]"]
+    heavy = ["tests/torchrun/test_torchrun_dropin.py::t[a]", "tests/test_packaging.py::test_x"]
     light = "tests/cli/test_cli.py::test_help"
     ordered = sorted([light, *reversed(heavy), *alone], key=unit_order)
     assert ordered == [*alone, *heavy, light]
