@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from elastic_hydra.cli.stacks import running_run
+from elastic_hydra.cli.stacks import run_dir_of
 from elastic_hydra.errors import ConfigError
 from elastic_hydra.observe.status import StatusRecordError, decode
 from elastic_hydra.rundir import LOGS_ROOT, RunDir
@@ -30,12 +30,9 @@ Without a directory: the latest run under ./{LOGS_ROOT} that is still running.""
 
 def main(args: Sequence[str]) -> int:
     """Send the save request; 0 when sent, 1 when no agent of the run runs here."""
-    if list(args) in (["-h"], ["--help"]):
-        print(USAGE)
+    run = run_dir_of("save", args, USAGE)
+    if run is None:
         return 0
-    if len(args) > 1:
-        raise ConfigError("save", "takes one run dir", " ".join(args), USAGE.splitlines()[0])
-    run = RunDir(Path(args[0]) if args else running_run(Path(LOGS_ROOT), "save"))
     if not run.events.is_file():
         raise ConfigError("save", f"not a run dir (no {run.events.name})", str(run.root), USAGE)
     pid = agent_pid(run)

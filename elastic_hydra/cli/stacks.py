@@ -30,12 +30,9 @@ Without a directory: the latest run under ./{LOGS_ROOT} that is still running.""
 
 def main(args: Sequence[str]) -> int:
     """Print the grouped stacks; 1 when no rank could be asked."""
-    if list(args) in (["-h"], ["--help"]):
-        print(USAGE)
+    run = run_dir_of("stacks", args, USAGE)
+    if run is None:
         return 0
-    if len(args) > 1:
-        raise ConfigError("stacks", "takes one run dir", " ".join(args), USAGE.splitlines()[0])
-    run = RunDir(Path(args[0]) if args else running_run(Path(LOGS_ROOT)))
     workers = live_workers(run)
     alive = [lr for lr, pid in enumerate(workers.pids) if _alive(pid)]
     if not alive:
@@ -47,6 +44,17 @@ def main(args: Sequence[str]) -> int:
         print(f"\n{verdict.who(members)} {where}")
         print(_stack_text(members[0]))
     return 0
+
+
+def run_dir_of(command: str, args: Sequence[str], usage: str) -> RunDir | None:
+    """The run dir a subcommand's one argument names (`stacks`, `save`), else the latest one
+    still running under ./eh_logs; None when it was asked for its usage (printed)."""
+    if list(args) in (["-h"], ["--help"]):
+        print(usage)
+        return None
+    if len(args) > 1:
+        raise ConfigError(command, "takes one run dir", " ".join(args), usage.splitlines()[0])
+    return RunDir(Path(args[0]) if args else running_run(Path(LOGS_ROOT), command))
 
 
 def running_run(root: Path, command: str = "stacks") -> Path:
