@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(final))
         print(f"rank 0: final weights written to {args.out}", flush=True)
+    # Every rank tears gloo down together: a rank that destroys its group while rank 0 still
+    # writes was seen to abort at exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         save_atomically({k: v.cpu() for k, v in model.state_dict().items()}, args.out)
         print(f"rank 0: final weights written to {args.out}")
+    # Every rank tears gloo down together: a rank that destroys its group while rank 0 still
+    # writes was seen to abort at exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

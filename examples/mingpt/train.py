@@ -156,6 +156,9 @@ def main(cfg: DictConfig) -> None:
         path = out / cfg.result
         save_atomically(result, path, lambda obj, p: p.write_text(json.dumps(obj, indent=1)))
         print(f"rank 0: {json.dumps(result)} written to {path}")
+    # Every rank tears the group down together: a rank that destroys it while rank 0 still
+    # samples can abort in gloo's teardown ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
