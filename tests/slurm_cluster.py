@@ -345,6 +345,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+# A job credential lives 120 s by default, and a requeued job starts no sooner than that after its
+# batch script ends; 15 s (5 is the least Slurm takes) still leaves a loaded host its margin.
+AuthInfo=cred_expire=15
 CommunicationParameters=NoCtldInAddrAny
 StateSaveLocation={workdir}/state
 SlurmdSpoolDir={workdir}/spool/%n
