@@ -111,6 +111,7 @@ class Dynamic:
     timeout: float = 900.0  # legacy etcd: the whole rendezvous
     is_host: bool | None = None
     node_order: int | None = None  # this node's place among the nodes (Slurm's); None: torch's
+    await_replacement: bool = False  # below MIN after a loss: wait for a node to take its place
 
     @property
     def departure_bound(self) -> float:
@@ -363,6 +364,7 @@ class CheckpointSpec:
     keep: int = 2  # complete copies kept in the home
     max_memory: int = 0  # bytes one rank's snapshot may take; 0: no limit
     memory: str = "/dev/shm"  # where the snapshot areas go
+    buddy: bool = True  # on several nodes, a copy of each node's snapshots on the next node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,6 +34,7 @@ from elastic_hydra.agent.worker_env import to_workers
 from elastic_hydra.errors import LogWriteError, RendezvousError, WorkerStartError
 from elastic_hydra.plan import (
     Action,
+    Dynamic,
     FailureClass,
     HangAction,
     LaunchPlan,
@@ -285,7 +286,7 @@ class Executor(CollateralWait, RoundGates):
                 return Ended.MEMBERSHIP, change.reason
             case ChangeKind.CLOSED:
                 return Ended.ENDED_ELSEWHERE, change.reason
-            case ChangeKind.LEFT if change.nodes < self.plan.nnodes.min:
+            case ChangeKind.LEFT if change.nodes < self.plan.nnodes.min and not self._replaced:
                 self.state.failure_class = FailureClass.NODE_LOST
                 return Ended.RENDEZVOUS_LOST, (
                     f"{change.reason}; {change.nodes} node(s) remain, fewer than the "
@@ -294,6 +295,12 @@ class Executor(CollateralWait, RoundGates):
                 )
             case ChangeKind.LEFT:
                 return Ended.MEMBERSHIP, change.reason
+
+    @property
+    def _replaced(self) -> bool:
+        """Whether the survivors of a loss below MIN wait for a node to take its place."""
+        rdzv = self.plan.rdzv
+        return isinstance(rdzv, Dynamic) and rdzv.await_replacement
 
     def _record(
         self, exited: Exited, node: NodeAssignment, by_launcher: bool = False

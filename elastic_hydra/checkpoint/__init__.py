@@ -18,6 +18,8 @@ home when it ends, where a relaunch of the job finds them.
   `weights_only` loader, or an unpickler that resolves no name).
 - `layout`: the area's and the home's file names.
 - `keeper`: the area, the offer before each attempt, the copies and their manifests.
+- `buddy`: the ring of a multi-node job: each node's snapshots pushed to the next node's agent
+  over TCP, and a rank's snapshot fetched from the node that holds it.
 
 Imports: agent (the worker environment's names, the node exchange seam), workers (the /proc
 reader: is an area's agent gone) and the root.

@@ -24,6 +24,10 @@ from elastic_hydra.checkpoint import codec
 from elastic_hydra.checkpoint.layout import Area
 
 KEEP_IN_MEMORY = 2  # a rank's newest snapshots kept: its ranks may be a step apart at a failure
+# At most this many while the other nodes' copies on their buddies lag (checkpoint.buddy): the
+# steps from the floor the agent names on are kept, so every rank still holds the step a lost
+# node's copy reaches.
+KEEP_WHILE_COPIES_LAG = 8
 STEP = "step"
 
 _told: set[str] = set()
@@ -130,9 +134,24 @@ def snapshot(state: Mapping[str, Any], *, step: int) -> bool:
     global _last_step
     _last_step = step
     older = [s for s in area.steps(rank) if s != step]
-    for old in older[: max(0, len(older) - (KEEP_IN_MEMORY - 1))]:
-        area.snapshot(rank, old).unlink(missing_ok=True)
+    kept = set(older[max(0, len(older) - (KEEP_IN_MEMORY - 1)) :])
+    floor = _floor(area)
+    if floor is not None:
+        lagging = older[max(0, len(older) - (KEEP_WHILE_COPIES_LAG - 1)) :]
+        kept.update(s for s in lagging if s >= floor)
+    for old in older:
+        if old not in kept:
+            area.snapshot(rank, old).unlink(missing_ok=True)
     return True
+
+
+def _floor(area: Area) -> int | None:
+    """The oldest step the other nodes' copies reach (the agent's floor.json), or None."""
+    try:
+        floor = json.loads(area.floor.read_bytes()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return floor if isinstance(floor, int) and not isinstance(floor, bool) else None
 
 
 def save_requested() -> bool:

@@ -29,18 +29,22 @@ from pathlib import Path
 from typing import Any
 
 from elastic_hydra.agent.seams import NodeAssignment, NodeExchange
+from elastic_hydra.checkpoint.buddy import BuddyError, Ring
 from elastic_hydra.checkpoint.layout import AREA_PREFIX, Area, Home
 from elastic_hydra.errors import RendezvousError
-from elastic_hydra.plan import CheckpointSpec
+from elastic_hydra.plan import CheckpointSpec, Endpoint
 from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
 from elastic_hydra.workers import procfs
 
 FORMAT = 1
 GATHER_TOPIC = "checkpoint"
-GATHER_LIMIT = 4096
-# Seconds a node that holds snapshots waits for the others' word: every node asks right after
-# the same round. A node that holds none says so without waiting.
+GATHER_LIMIT = 16384
+# Seconds a node waits for the others' word: every node asks right after the same round (a
+# torchrun agent among them says nothing, and is not waited for).
 GATHER_TIMEOUT = 30.0
+PLACED_TOPIC = "checkpoint-placed"
+# Seconds the nodes wait for those that take a rank's snapshot from another node's memory.
+PLACE_TIMEOUT = 120.0
 MANIFEST_LIMIT = 1 << 20  # bytes: a manifest of 4096 ranks is about 400 KiB
 _CHUNK = 1 << 20
 MEMORY = "memory"
@@ -105,8 +109,10 @@ class Keeper:
         *,
         say: Callable[[str], None],
         hurry: Callable[[], bool] = lambda: False,
+        ring: Ring | None = None,
     ) -> None:
         self.spec, self.area, self.job, self.say = spec, area, spec.job, say
+        self.ring = ring  # checkpoint.buddy on several nodes: the copies on the next node
         self.hurry = hurry  # a second Ctrl-C: stop waiting for the agreed snapshot
         self.exchange: NodeExchange | None = None
         self.home = Home(Path(spec.home))
@@ -117,20 +123,100 @@ class Keeper:
 
     # ------------------------------------------------------------------------ each attempt
     def offer(self, node: NodeAssignment, nproc: int, exchange: NodeExchange) -> Offer:
-        """Agree with the round's other nodes on what the attempt's workers resume from, and
-        write it into the area."""
+        """Agree with the round's other nodes on what the attempt's workers resume from, take
+        the snapshots of this node's ranks that another node holds, and write the offer into
+        the area."""
         self.node, self.nproc, self.exchange = node, nproc, exchange
         self.area.save_request.unlink(missing_ok=True)
         ranks = self._ranks()
-        memory = self._held(ranks)
+        if self.ring is not None:
+            self.ring.pause()
         home = self.sound_copies(node.world_size, ranks) if self.spec.resume else []
-        mine = json.dumps({"memory": memory, "home": home}).encode()
-        wait = GATHER_TIMEOUT if memory or home else 0.0
-        theirs = exchange.gather(GATHER_TOPIC, mine, limit=GATHER_LIMIT, timeout=wait)
-        offer = _agree(theirs, memory, home, self.home)
+        mine = Said(
+            holds=self._holdings(), ranks=ranks, home=frozenset(home),
+            at=self.ring.address if self.ring is not None else None,
+        )  # fmt: skip
+        theirs = exchange.gather(
+            GATHER_TOPIC, mine.encode(), limit=GATHER_LIMIT, timeout=GATHER_TIMEOUT
+        )
+        said = [Said.decode(raw, node.world_size) for raw in theirs]
+        # Without an exchange (static nodes share no store) this node's ranks are all it knows.
+        required = range(node.world_size) if len(said) == node.group_world_size else ranks
+        me = node.group_rank if len(said) == node.group_world_size else 0
+        step = in_memory(said, required)
+        if step is not None and not self._placed(step, said, me, exchange):
+            step = None
+        offer = Offer(step=step, source=MEMORY) if step is not None else _from_home(said, self.home)
+        self._aim(said, me)
         self._write_offer(offer, ranks)
         self.offered = offer
         return offer
+
+    def _holdings(self) -> dict[int, frozenset[int]]:
+        """The steps of every rank this node holds a snapshot of: its own ranks' (now or
+        before), and its copies of the ring's previous node's."""
+        holds: dict[int, set[int]] = {}
+        for area in (self.area, self.area.buddy):
+            for rank in area.ranks():
+                holds.setdefault(rank, set()).update(area.steps(rank))
+        return {rank: frozenset(steps) for rank, steps in holds.items() if steps}
+
+    def _placed(
+        self, step: int, said: Sequence[Said | None], me: int, exchange: NodeExchange
+    ) -> bool:
+        """Put this node's ranks' snapshots of `step` in place: from its own copies of another
+        node's, else from the node that holds it; whether every node did (they tell each other
+        only when one of them had to take one from another node)."""
+        ok = True
+        for rank in self._ranks():
+            if step in self.area.steps(rank):
+                continue
+            try:
+                self._take(rank, step, said, me)
+            except (OSError, BuddyError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                self.say(f"checkpoint: rank {rank}'s snapshot of step {step} did not come: {why}")
+                ok = False
+                break
+        if not any(needs_other(s, step) for s in said if s is not None):
+            return ok
+        votes = exchange.gather(PLACED_TOPIC, b"1" if ok else b"0", limit=1, timeout=PLACE_TIMEOUT)
+        return all(v == b"1" for v in votes)
+
+    def _take(self, rank: int, step: int, said: Sequence[Said | None], me: int) -> None:
+        buddy = self.area.buddy
+        if step in buddy.steps(rank):
+            self.area.rank_dir(rank).mkdir(mode=PRIVATE_DIR, exist_ok=True)
+            os.replace(buddy.snapshot(rank, step), self.area.snapshot(rank, step))
+            self.say(f"checkpoint: rank {rank}'s snapshot of step {step} came from this node's "
+                     "copy of it (checkpoint.buddy)")  # fmt: skip
+            return
+        holder = next(
+            (k for k, s in enumerate(said)
+             if k != me and s is not None and s.at is not None and step in s.holds.get(rank, ())),
+            None,
+        )  # fmt: skip
+        if holder is None or self.ring is None:
+            raise BuddyError("no node that holds it can be reached")
+        at = said[holder].at  # type: ignore[union-attr]
+        assert at is not None
+        size = self.ring.fetch(at, rank, step)
+        self.say(f"checkpoint: rank {rank}'s snapshot of step {step} came from node {holder} "
+                 f"({at}, {size} bytes): no read of the checkpoint home")  # fmt: skip
+
+    def _aim(self, said: Sequence[Said | None], me: int) -> None:
+        """Push this node's snapshots to the next node of the round that takes copies, and take
+        those of the previous one."""
+        if self.ring is None:
+            return
+        ring = [k for k, s in enumerate(said) if s is not None and s.at is not None]
+        if me not in ring or len(ring) < 2:
+            self.ring.aim(None, (), ())
+            return
+        at = ring.index(me)
+        after, before = said[ring[(at + 1) % len(ring)]], said[ring[at - 1]]
+        assert after is not None and before is not None
+        self.ring.aim(after.at, self._ranks(), before.ranks, me=me, before_node=ring[at - 1])
 
     def _ranks(self) -> range:
         assert self.node is not None
@@ -146,10 +232,12 @@ class Keeper:
 
     def _write_offer(self, offer: Offer, ranks: Sequence[int]) -> None:
         newest = -1 if offer.step is None else offer.step
-        for rank in ranks:  # newer than the offer: a timeline that ended, never resumed or kept
-            for step in self.area.steps(rank):
-                if step > newest:
-                    self.area.snapshot(rank, step).unlink(missing_ok=True)
+        # Newer than the offer: a timeline that ended, never resumed, kept or copied.
+        for area, held in ((self.area, ranks), (self.area.buddy, self.area.buddy.ranks())):
+            for rank in held:
+                for step in area.steps(rank):
+                    if step > newest:
+                        area.snapshot(rank, step).unlink(missing_ok=True)
         body = {"format": FORMAT, "step": offer.step, "source": offer.source}
         _write_whole(self.area.restore, json.dumps(body).encode())
 
@@ -290,7 +378,10 @@ class Keeper:
         return True
 
     def close(self) -> None:
-        """Remove the area (after `persist`): its memory is the machine's again."""
+        """Stop the ring, and remove the area (after `persist`): its memory is the machine's
+        again."""
+        if self.ring is not None:
+            self.ring.close()
         shutil.rmtree(self.area.root, ignore_errors=True)
 
 
@@ -335,44 +426,103 @@ def check_copy(home: Home, job: str, step: int, ranks: Sequence[int]) -> int:
     return world
 
 
-def newest_copy(spec: CheckpointSpec) -> tuple[int, int] | None:
-    """The step and world size of the newest complete copy in the job's home (sizes checked;
-    the digests are checked when a launch offers it), or None."""
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """The newest complete copy in a job's home."""
+
+    step: int
+    world_size: int
+    size: int  # bytes, every rank's part
+
+
+def newest_copy(spec: CheckpointSpec) -> Copy | None:
+    """The newest complete copy in the job's home (sizes checked; the digests are checked when
+    a launch offers it), or None."""
     home = Home(Path(spec.home))
     for step in reversed(home.copies()):
-        with contextlib.suppress(CopyError):
-            return step, check_copy(home, spec.job, step, ())
+        with contextlib.suppress(CopyError, OSError):
+            world = check_copy(home, spec.job, step, ())
+            size = sum(home.part(step, rank).stat().st_size for rank in range(world))
+            return Copy(step=step, world_size=world, size=size)
     return None
 
 
-def _agree(theirs: Sequence[bytes | None], memory: list[int], home: list[int], at: Home) -> Offer:
-    """The newest step in memory on every node, else the newest home copy every node found
-    sound; a node that said nothing (or garbage) holds nothing."""
-    mem: set[int] = set(memory)
-    copies: set[int] = set(home)
-    for raw in theirs:
-        said = _said(raw)
-        mem &= said[0]
-        copies &= said[1]
-    if mem:
-        return Offer(step=max(mem), source=MEMORY)
+@dataclass(frozen=True, slots=True)
+class Said:
+    """What a node tells the others before an attempt: the snapshots it holds, its ranks, the
+    home copies it found sound, where its buddy server listens."""
+
+    holds: dict[int, frozenset[int]]  # rank -> steps, its own and its copies of another node's
+    ranks: range
+    home: frozenset[int]
+    at: Endpoint | None
+
+    def encode(self) -> bytes:
+        return json.dumps({
+            "holds": {str(r): sorted(s) for r, s in sorted(self.holds.items())},
+            "ranks": [self.ranks.start, len(self.ranks)], "home": sorted(self.home),
+            "at": None if self.at is None else [self.at.host, self.at.port],
+        }).encode()  # fmt: skip
+
+    @classmethod
+    def decode(cls, raw: bytes | None, world_size: int) -> Said | None:
+        """A node's word, or None: it said nothing, or nothing well-formed (untrusted input:
+        every count bounded by the world)."""
+        try:
+            data = json.loads(raw or b"")
+            holds = {
+                int(r): frozenset(_steps(s))
+                for r, s in data["holds"].items()
+                if r.isdigit() and len(r) < 10 and int(r) < world_size
+            }
+            start, count = data["ranks"]
+            at = data["at"]
+            if at is not None:
+                host, port = at
+                if not (isinstance(host, str) and 0 < len(host) < 256 and _is_count(port)):
+                    return None
+                at = Endpoint(host=host, port=port)
+            if not (_is_count(start) and _is_count(count) and start + count <= world_size):
+                return None
+            return cls(holds=holds, ranks=range(start, start + count),
+                       home=frozenset(_steps(data["home"])), at=at)  # fmt: skip
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def in_memory(said: Sequence[Said | None], required: Sequence[int]) -> int | None:
+    """The newest step of which some node holds a snapshot of every rank in `required`; None
+    when there is none, or when a node said nothing (what it holds is unknown)."""
+    if not said or any(s is None for s in said):
+        return None
+    common: set[int] | None = None
+    for rank in required:
+        held = set().union(*(s.holds.get(rank, ()) for s in said if s is not None))
+        common = held if common is None else common & held
+    return max(common) if common else None
+
+
+def needs_other(node: Said, step: int) -> bool:
+    """Whether `node` holds no snapshot of `step` of one of its ranks (it takes it from another
+    node)."""
+    return any(step not in node.holds.get(rank, ()) for rank in node.ranks)
+
+
+def _from_home(said: Sequence[Said | None], at: Home) -> Offer:
+    """The newest home copy every node found sound; a node that said nothing found none."""
+    copies: set[int] | None = None
+    for node in said:
+        found = node.home if node is not None else frozenset()
+        copies = set(found) if copies is None else copies & found
     if copies:
         step = max(copies)
         return Offer(step=step, source=str(at.copy_dir(step)))
     return Offer(step=None)
 
 
-def _said(raw: bytes | None) -> tuple[set[int], set[int]]:
-    try:
-        data = json.loads(raw or b"")
-        return _steps(data["memory"]), _steps(data["home"])
-    except (ValueError, KeyError, TypeError):
-        return set(), set()
-
-
 def _steps(value: object) -> set[int]:
-    if not isinstance(value, list):
-        raise TypeError("not a list")
+    if not isinstance(value, list) or len(value) > 64:
+        raise TypeError("not a short list")
     return {v for v in value if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
 
 

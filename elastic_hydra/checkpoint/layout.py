@@ -4,7 +4,9 @@ disk. The one place that spells their names (as `rundir` does a run's).
     <area>/                     the agent's, in /dev/shm (private): ELASTIC_HYDRA_SNAPSHOTS
         restore.json            what this attempt's workers resume from (the agent writes it)
         save.json               the step every rank is asked to save at (a stop signal came)
+        floor.json              the oldest step every node's copies reach: kept while they lag
         rank-<r>/step-<S>.snap  rank r's snapshot of step S (the newest two are kept)
+        buddy/rank-<r>/step-<S>.snap  the ring's previous node's copy of it (checkpoint.buddy)
     <home>/                     checkpoint.home: the same for every node and relaunch of a job
         step-<S>/rank-<r>.snap  a durable copy of rank r's snapshot of step S
         step-<S>/node-<n>.json  node n's manifest of its ranks' parts, written last
@@ -19,7 +21,9 @@ from pathlib import Path
 AREA_PREFIX = "elastic-hydra-snapshots-"  # + the agent's pid and start: one area per agent
 _RESTORE = "restore.json"
 _SAVE = "save.json"
+_FLOOR = "floor.json"
 _STEP = re.compile(r"step-(\d{1,18})\.snap")
+_RANK = re.compile(r"rank-(\d{1,9})")
 _COPY = re.compile(r"step-(\d{1,18})")
 _MANIFEST = re.compile(r"node-(\d{1,9})\.json")
 
@@ -38,6 +42,10 @@ class Area:
     def save_request(self) -> Path:
         return self.root / _SAVE
 
+    @property
+    def floor(self) -> Path:
+        return self.root / _FLOOR
+
     def rank_dir(self, rank: int) -> Path:
         return self.root / f"rank-{rank}"
 
@@ -50,11 +58,25 @@ class Area:
 
     def steps(self, rank: int) -> list[int]:
         """The steps of rank's complete snapshots, oldest first."""
-        try:
-            names = [p.name for p in self.rank_dir(rank).iterdir()]
-        except OSError:
-            return []
-        return sorted(int(m.group(1)) for n in names if (m := _STEP.fullmatch(n)))
+        return _numbered(self.rank_dir(rank), _STEP)
+
+    def ranks(self) -> list[int]:
+        """The ranks that have a snapshot directory here (this node's, now or before)."""
+        return _numbered(self.root, _RANK)
+
+    @property
+    def buddy(self) -> Area:
+        """The copies of the ring's previous node's snapshots, laid out as an area's."""
+        return Area(self.root / "buddy")
+
+
+def _numbered(folder: Path, pattern: re.Pattern[str]) -> list[int]:
+    """The numbers of the names in `folder` that match `pattern`, smallest first."""
+    try:
+        names = [p.name for p in folder.iterdir()]
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := pattern.fullmatch(n)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +99,7 @@ class Home:
 
     def copies(self) -> list[int]:
         """The steps that have a copy directory (complete or not), oldest first."""
-        try:
-            names = [p.name for p in self.root.iterdir()]
-        except OSError:
-            return []
-        return sorted(int(m.group(1)) for n in names if (m := _COPY.fullmatch(n)))
+        return _numbered(self.root, _COPY)
 
     def manifests(self, step: int) -> list[Path]:
         try:

@@ -69,8 +69,16 @@ def _resume_from(plan: LaunchPlan) -> str:
     found = newest_copy(plan.checkpoint)
     if found is None:
         return "nothing yet (no complete copy): a fresh start"
-    step, world = found
-    return f"step {step} (the newest complete copy, of {world} ranks)"
+    world, per_rank = found.world_size, _bytes(found.size // max(1, found.world_size))
+    return f"step {found.step} (the newest complete copy, of {world} ranks, {per_rank} a rank)"
+
+
+def _bytes(size: int) -> str:
+    """`size` for people: bytes, KiB, MiB or GiB, three digits."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} bytes"
 
 
 YAML_HEADING = "equivalent job file (--plan=yaml prints it alone):"

@@ -77,6 +77,10 @@ class RdzvConf:
         None, "c10d: host the store in this agent; null: when the endpoint is this machine"
     )
     timeout: float = key(900.0, "legacy etcd: seconds for the whole rendezvous")
+    await_replacement: bool = key(
+        False, "when a lost node leaves fewer than nnodes' MIN, the survivors wait (rdzv."
+        "join_timeout) for a node to take its place; false: they stop (exit 3)",
+    )  # fmt: skip
 
 
 @dataclass
@@ -235,6 +239,9 @@ class CheckpointConf:
         None, "the most one rank's snapshot may take in memory, e.g. 4GiB; null: no limit"
     )
     memory: str = key("/dev/shm", "where the agent keeps the snapshots (a memory file system)")
+    buddy: bool = key(
+        True, "on several nodes, a copy of each node's snapshots in the next node's memory"
+    )
 
 
 @dataclass

@@ -9,7 +9,7 @@ import random
 import select
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -47,7 +47,9 @@ from elastic_hydra.workers.contain import Containment, become_subreaper
 from elastic_hydra.workers.guard import GroupGuard
 
 if TYPE_CHECKING:
+    from elastic_hydra.checkpoint.buddy import Ring
     from elastic_hydra.checkpoint.keeper import Keeper
+    from elastic_hydra.checkpoint.layout import Area
     from elastic_hydra.quarantine.gate import LedgerGate
 
 CONSOLE_GRACE = 5.0  # seconds the final console output may wait for a stalled console
@@ -257,9 +259,37 @@ def _keeper(plan: LaunchPlan, flag: StopFlag) -> Keeper | None:
     return Keeper(
         plan.checkpoint,
         area,
-        say=lambda line: notices.say(f"elastic-hydra: {line}"),
+        say=_say_checkpoint,
         hurry=lambda: flag.count > 1,  # a second Ctrl-C stops at once
+        ring=_ring(plan, area, _say_checkpoint),
     )
+
+
+def _say_checkpoint(line: str) -> None:
+    notices.say(f"elastic-hydra: {line}")
+
+
+def _ring(plan: LaunchPlan, area: Area, say: Callable[[str], None]) -> Ring | None:
+    """The node's place in the buddy ring (`checkpoint.buddy` on several nodes that share a
+    store), listening on the job's address; None where there is none (said when it cannot
+    listen)."""
+    spec = plan.checkpoint
+    if spec is None or not spec.buddy or plan.nnodes.max < 2 or not isinstance(plan.rdzv, Dynamic):
+        return None
+    from elastic_hydra.checkpoint.buddy import Ring
+    from elastic_hydra.rendezvous.sealed_records import SECRET_ENV
+
+    host = observing.job_address(plan)
+    secret = os.environ.get(SECRET_ENV)
+    try:
+        return Ring(area, job=spec.job, host=host, secret=secret.encode() if secret else None,
+                    limit=spec.max_memory, say=say)  # fmt: skip
+    except OSError as exc:
+        notices.warn(
+            f"checkpoint.buddy: cannot listen on {host} ({exc.strerror or exc}); no copy of "
+            "this node's snapshots is kept on another node"
+        )
+        return None
 
 
 def _save_error(run_dir: RunDir, exc: BaseException) -> None:

@@ -175,17 +175,20 @@ class TorchRendezvous(Membership, JoinWait):
 
     def gather(self, topic: str, value: bytes, *, limit: int, timeout: float) -> list[bytes | None]:
         """seams.NodeExchange: every node's value under `topic` in this round's store. A value
-        longer than `limit` comes back cut at `limit + 1` bytes (its reader sees it was long)."""
+        longer than `limit` comes back cut at `limit + 1` bytes (its reader sees it was long).
+        The round's torchrun agents publish nothing: they are not waited for."""
         if self.store is None or self.node is None:
             return [value]
         store, me = self.store, self.node
         keys = [f"{GATHER}{topic}/{i}" for i in range(me.group_world_size)]
+        silent = {rank for rank, _ in self._torchrun.values()}
         deadline = time.monotonic() + timeout
         try:
             store.set(keys[me.group_rank], value)
             while True:
                 present = [bool(store.check([key])) for key in keys]
-                if all(present) or time.monotonic() >= deadline or self.interrupt.signum:
+                heard = all(there or i in silent for i, there in enumerate(present))
+                if heard or time.monotonic() >= deadline or self.interrupt.signum:
                     break
                 time.sleep(GATHER_POLL)
             found = [k for k, there in zip(keys, present, strict=True) if there]

@@ -145,6 +145,12 @@ def describe_checkpoint(plan: LaunchPlan, resume: str) -> str:
         f"snapshots (ckpt.snapshot) kept in {spec.memory}{limit}; copies in {spec.home}, the "
         f"newest {spec.keep} kept"
     )
+    if spec.buddy and plan.nnodes.max > 1 and isinstance(plan.rdzv, Dynamic):
+        text += (
+            "; a copy of each node's snapshots in the next node's memory (checkpoint.buddy): "
+            "a node holds its ranks' newest two (up to 8 while the copies lag) and the previous "
+            "node's newest two"
+        )
     if not spec.resume:
         return f"{text}; resumes nothing (checkpoint.resume=false)"
     return f"{text}; resumes from {resume}" if resume else text

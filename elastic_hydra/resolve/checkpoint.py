@@ -48,6 +48,7 @@ def resolve_checkpoint(
         keep=conf.keep,
         max_memory=_size("checkpoint.max_memory", conf.max_memory),
         memory=str(conf.memory),
+        buddy=bool(conf.buddy),
     )
 
 

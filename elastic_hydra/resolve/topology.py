@@ -171,6 +171,7 @@ def _dynamic(r: RdzvConf, backend: DynamicBackend, endpoint: Endpoint) -> Dynami
         connect_timeout=seconds("rdzv.connect_timeout", r.connect_timeout, allow_zero=True),
         timeout=_whole_seconds("rdzv.timeout", r.timeout),
         is_host=r.is_host,
+        await_replacement=bool(r.await_replacement),
     )
 
 

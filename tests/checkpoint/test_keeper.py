@@ -80,24 +80,37 @@ def test_the_offer_is_the_newest_step_every_rank_holds_and_newer_ones_are_droppe
     assert exchange.waited == [30.0]
 
 
+def other_node(
+    holds: dict[int, list[int]], ranks: tuple[int, int], home: Sequence[int] = ()
+) -> bytes:
+    """Another node's word, as Keeper.offer publishes it."""
+    word = {"holds": {str(r): s for r, s in holds.items()}, "ranks": list(ranks),
+            "home": list(home), "at": None}  # fmt: skip
+    return json.dumps(word).encode()
+
+
 def test_nodes_agree_on_a_step_all_hold_and_a_node_that_said_nothing_holds_nothing(
     tmp_path: Path,
 ) -> None:
     k = keeper(tmp_path)
     for rank, step in [(0, 6), (0, 7), (1, 6), (1, 7)]:
         snap(k.area, rank, step)
-    other = json.dumps({"memory": [5, 6], "home": []}).encode()
-    assert k.offer(node(), 2, Exchange([other])).step == 6
-    assert k.offer(node(), 2, Exchange([other, None])).step is None  # one node said nothing
-    assert k.offer(node(), 2, Exchange([b"garbage"])).step is None
+    other = other_node({2: [5, 6], 3: [5, 6]}, (2, 2))
+    two = node(0, nodes=2)
+    assert k.offer(two, 2, Exchange([other])).step == 6
+    assert k.offer(two, 2, Exchange([None])).step is None  # one node said nothing
+    assert k.offer(two, 2, Exchange([b"garbage"])).step is None
     assert k.area.steps(0) == []  # nothing offered: nothing of the old timeline stays
 
 
-def test_a_node_that_holds_nothing_says_so_without_waiting(tmp_path: Path) -> None:
+def test_every_node_waits_for_the_others_word_and_one_that_holds_nothing_starts_afresh(
+    tmp_path: Path,
+) -> None:
+    """A node that holds nothing (a replacement) waits too: another node may hold its ranks."""
     k = keeper(tmp_path)
-    exchange = Exchange([json.dumps({"memory": [3], "home": []}).encode()])
-    assert k.offer(node(), 2, exchange) == Offer(step=None)
-    assert exchange.waited == [0.0]
+    exchange = Exchange([other_node({2: [3], 3: [3]}, (2, 2))])
+    assert k.offer(node(0, nodes=2), 2, exchange) == Offer(step=None)
+    assert exchange.waited == [30.0]
     assert api_offer(k.area) == {"format": 1, "step": None, "source": ""}
 
 
@@ -220,8 +233,18 @@ def test_a_word_that_is_not_a_list_of_steps_holds_nothing(tmp_path: Path) -> Non
     both = [(0, 1), (1, 1)]
     for rank, step in both:
         snap(k.area, rank, step)
-    for bad in ({"memory": "1", "home": []}, {"memory": [True, -1, 1.0], "home": []}, [1]):
-        assert k.offer(node(), 2, Exchange([json.dumps(bad).encode()])).step is None
+    good = json.loads(other_node({2: [1], 3: [1]}, (2, 2)))
+    assert k.offer(node(0, nodes=2), 2, Exchange([json.dumps(good).encode()])).step == 1
+    bad_words: list[object] = [
+        good | {"holds": {"2": "1", "3": [1]}},  # not a list
+        good | {"holds": {"2": [True, -1, 1.0], "3": [1]}},  # no step among them
+        good | {"holds": {"2": [1], "3": [1], "4": [1]}, "ranks": [2, 3]},  # past the world
+        good | {"at": ["127.0.0.1", -1]},  # not an address
+        good | {"holds": {"2": list(range(100)), "3": [1]}},  # longer than two copies can be
+        [1],
+    ]
+    for bad in bad_words:
+        assert k.offer(node(0, nodes=2), 2, Exchange([json.dumps(bad).encode()])).step is None, bad
         for rank, step in both:
             snap(k.area, rank, step)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from elastic_hydra.checkpoint.layout import AREA_PREFIX, Home
 from elastic_hydra.errors import EXIT_PREEMPTED_SAVED
 from tests.conftest import REPO, WORKERS, free_port, wait_for
 from tests.harness import run, started
-from tests.multinode import FAST, job
+from tests.multinode import FAST, job, rdzv_server
 
 DDP = REPO / "examples" / "ddp_snapshots.py"
 PLAIN = WORKERS / "snapshots_plain.py"
@@ -132,6 +133,59 @@ def test_two_nodes_resume_the_same_step_after_a_crash_on_one(tmp_path: Path) -> 
     # One copy of each step kept: both nodes' parts, each node's manifest.
     assert Home(home).copies() == [14, 15] and len(Home(home).manifests(15)) == 2
     assert weights(tmp_path / "final.json")
+
+
+def test_a_node_lost_with_its_memory_and_disk_resumes_from_the_copy_on_its_buddy(
+    tmp_path: Path,
+) -> None:
+    """Two nodes, each with its own memory and its own disk (no home they share). Node 1's
+    agent is SIGKILLed and its memory and disk removed; a fresh agent takes its place. Both
+    ranks resume after the same step, the lost node's rank from the survivor's copy of its
+    snapshot (checkpoint.buddy), and the job ends with the weights of an uninterrupted run."""
+    clean = run(*ddp(tmp_path, "clean", "--steps", "30", "--out", "clean.json"), cwd=tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    args = ["--steps", "30", "--step-time", "0.25", "--out", str(tmp_path / "final.json")]
+    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
+
+        def start(name: str) -> Path:
+            memory = tmp_path / f"shm-{name}"  # this node's memory, and its disk below
+            memory.mkdir()
+            cmd = j.command("nnodes=2", "nproc_per_node=1", "rdzv.is_host=false",
+                            "rdzv.await_replacement=true", "restart=on_failure", *FAST,
+                            f"checkpoint.memory={memory}",
+                            f"checkpoint.home={tmp_path / f'disk-{name}'}", script=DDP)  # fmt: skip
+            j.start(argv=[*cmd, f"logs.root={tmp_path / f'disk-{name}' / 'logs'}", "--", *args])
+            return memory
+
+        memories = [start("0"), start("1")]
+
+        def newest_copy(memory: Path) -> int:  # of the other node's snapshots, on this node
+            found = memory.glob(f"{AREA_PREFIX}*/buddy/rank-*/step-*.snap")
+            return max((int(p.stem.removeprefix("step-")) for p in found), default=-1)
+
+        wait_for(lambda: all(newest_copy(m) >= 5 for m in memories), 120,
+                 "each node's copy of the other's step 5", detail=j.explain)  # fmt: skip
+        lost = j.agents[1]
+        lost.proc.kill()
+        lost.proc.wait(timeout=30)
+        shutil.rmtree(memories[1])  # the node is gone with its memory and its disk
+        shutil.rmtree(tmp_path / "disk-1")
+        # Below nnodes' MIN, the survivor waits for a node to take the lost one's place.
+        wait_for(lambda: "joining the rendezvous (attempt 1)" in j.agents[0].text(), 60,
+                 "the survivor to wait for a replacement", detail=j.explain)  # fmt: skip
+        start("2")
+        codes = j.finish(180)
+    assert codes[0] == 0 and codes[2] == 0, j.explain()
+    survivor, new = j.agents[0].text(), j.agents[2].text()
+    taken = re.findall(r"rank (\d)'s snapshot of step (\d+) came from node \d \(\S+, \d+ bytes\): "
+                       r"no read of the checkpoint home", new)  # fmt: skip
+    assert len(taken) == 1, new  # the new node's rank, from the survivor's memory
+    step = taken[0][1]
+    # Its copy of step 5 was on the survivor, which keeps its own ranks' from there on.
+    assert int(step) >= 5, new
+    resumed = re.findall(r"rank (\d): resumed after step (\d+)", survivor + new)
+    assert sorted(resumed) == [("0", step), ("1", step)], survivor + new
+    assert weights(tmp_path / "final.json") == weights(tmp_path / "clean.json")
 
 
 def test_elastic_hydra_save_asks_every_rank_to_stop_after_one_step_and_keeps_it(
