@@ -49,7 +49,7 @@ from elastic_hydra.rundir import PRIVATE_DIR, PRIVATE_FILE
 MAGIC = b"EHB1"
 NONCE = 16
 DIGEST = 32  # SHA-256 and HMAC-SHA256
-LINE_LIMIT = 4096
+LINE_LIMIT = 64 << 10  # a push carries what it knows of every node: room for thousands
 IO_TIMEOUT = 30.0  # seconds a peer may stall a transfer
 MAX_CLIENTS = 8  # transfers served at once; more connections are closed
 KEEP = 2  # copies of a rank's newest steps kept (as the worker keeps its own)
@@ -81,7 +81,7 @@ def _canonical(header: dict[str, Any]) -> bytes:
 def _read_line(src: BinaryIO) -> bytes:
     raw = src.readline(LINE_LIMIT + 1)
     if not raw.endswith(b"\n"):
-        raise BuddyError("the peer's line is cut or longer than 4 KiB")
+        raise BuddyError("the peer's line is cut or longer than 64 KiB")
     return raw[:-1]
 
 

@@ -158,7 +158,7 @@ def test_a_transfer_whose_bytes_do_not_check_leaves_no_copy(
 
 
 def test_a_line_too_long_or_not_a_request_is_refused(server: Server) -> None:
-    for line in (b"x" * 5000 + b"\n", b"{}\n", b'{"h": {"op": "rm"}, "mac": "00"}\n'):
+    for line in (b"x" * 70_000 + b"\n", b"{}\n", b'{"h": {"op": "rm"}, "mac": "00"}\n'):
         with socket.create_connection((server.address.host, server.address.port), 10) as conn:
             reply = conn.makefile("rb")
             reply.read(len(MAGIC) + NONCE)
