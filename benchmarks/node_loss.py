@@ -22,6 +22,7 @@ node_loss.json into --out (default: results/ beside this file).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -34,9 +35,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 from recovery import SCRIPT, lines
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,8 +54,82 @@ def wait(predicate: Callable[[], object], what: str, timeout: float = TIMEOUT) -
         time.sleep(0.02)
 
 
+def lose(pid: int) -> None:
+    """The machine is gone: SIGKILL to the agent and to everything it started at once (torchrun's
+    workers run in sessions of their own, so the agent's process group is not all of it)."""
+    agent = psutil.Process(pid)
+    for proc in [agent, *agent.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
 def steps_of(path: Path) -> list[dict[str, object]]:
     return [r for r in lines(path) if "step" in r] if path.exists() else []
+
+
+def command(
+    way: str, node: Path, *, script: Path, endpoint: str, run_id: str, args: list[str]
+) -> list[str]:
+    """The agent's command line of `way` on `node` (its memory and disk under that directory)."""
+    if way.startswith("torchrun"):
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-id={run_id}",
+            f"--rdzv-endpoint={endpoint}",
+            "--rdzv-conf=is_host=false",
+            "--max-restarts=3",
+            str(script),
+            *args,
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "elastic_hydra",
+        f"script={script}",
+        "nnodes=2",
+        "nproc_per_node=1",
+        "rdzv=c10d",
+        f"rdzv.id={run_id}",
+        f"rdzv.endpoint={endpoint}",
+        "rdzv.is_host=false",
+        "rdzv.await_replacement=true",
+        "restart=on_failure",
+        f"checkpoint.memory={node / 'shm'}",
+        f"checkpoint.home={node / 'home'}",
+        f"checkpoint.buddy={'no buddy' not in way}",
+        f"logs.root={node}",
+        "logs.tee=false",
+        "--",
+        *args,
+    ]
+
+
+@contextlib.contextmanager
+def store(case: Path, env: dict[str, str]) -> Iterator[str]:
+    """`elastic-hydra rdzv-server`: the job's store, apart from both nodes; its port."""
+    log = case / "server.out"
+    with log.open("wb") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "elastic_hydra", "rdzv-server", "--port", "0"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+
+        def listening() -> list[str]:
+            return re.findall(r"listening on 127\.0\.0\.1:(\d+)", log.read_text())
+
+        wait(listening, "the store")
+        yield listening()[0]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
 
 
 def one_run(work: Path, way: str, steps: int, lose_after: int, mb: float) -> dict[str, float]:
@@ -61,65 +137,24 @@ def one_run(work: Path, way: str, steps: int, lose_after: int, mb: float) -> dic
     (case / "train.py").write_text(SCRIPT)
     mode = "disk" if way.startswith("torchrun") else "snapshots"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    server_log = case / "server.out"
-    with server_log.open("wb") as sink:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "elastic_hydra", "rdzv-server", "--port", "0"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
     agents: list[subprocess.Popen[bytes]] = []
-    try:
-
-        def listening() -> list[str]:
-            return re.findall(r"listening on 127\.0\.0\.1:(\d+)", server_log.read_text())
-
-        wait(listening, "the store")
-        port, run_id = listening()[0], f"bench-{uuid.uuid4().hex[:8]}"
+    outputs: dict[int, Path] = {}  # an agent's pid -> its output
+    with store(case, env) as port:
+        run_id = f"bench-{uuid.uuid4().hex[:8]}"
         args = [mode, str(steps), "-1", str(mb), str(case), str(case / "shared" / "ckpt.pt")]
         (case / "shared").mkdir()
 
-        def start(name: str) -> subprocess.Popen[bytes]:
+        def start(name: str, run_id: str) -> subprocess.Popen[bytes]:
             node = case / f"node-{name}"  # this node's memory and disk
             (node / "shm").mkdir(parents=True)
-            if way.startswith("torchrun"):
-                argv = [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--nnodes=2",
-                    "--nproc-per-node=1",
-                    "--rdzv-backend=c10d",
-                    f"--rdzv-id={run_id}",
-                    f"--rdzv-endpoint=127.0.0.1:{port}",
-                    "--rdzv-conf=is_host=false",
-                    "--max-restarts=3",
-                    str(case / "train.py"),
-                    *args,
-                ]
-            else:
-                argv = [
-                    sys.executable,
-                    "-m",
-                    "elastic_hydra",
-                    f"script={case / 'train.py'}",
-                    "nnodes=2",
-                    "nproc_per_node=1",
-                    "rdzv=c10d",
-                    f"rdzv.id={run_id}",
-                    f"rdzv.endpoint=127.0.0.1:{port}",
-                    "rdzv.is_host=false",
-                    "rdzv.await_replacement=true",
-                    "restart=on_failure",
-                    f"checkpoint.memory={node / 'shm'}",
-                    f"checkpoint.home={node / 'home'}",
-                    f"checkpoint.buddy={'no buddy' not in way}",
-                    f"logs.root={node}",
-                    "logs.tee=false",
-                    "--",
-                    *args,
-                ]
+            argv = command(
+                way,
+                node,
+                script=case / "train.py",
+                endpoint=f"127.0.0.1:{port}",
+                run_id=run_id,
+                args=args,
+            )
             with (node / "agent.out").open("wb") as sink:
                 proc = subprocess.Popen(
                     argv,
@@ -130,39 +165,53 @@ def one_run(work: Path, way: str, steps: int, lose_after: int, mb: float) -> dic
                     start_new_session=True,
                 )
             agents.append(proc)
+            outputs[proc.pid] = node / "agent.out"
             return proc
 
-        start("0")
-        lost = start("1")
-        rank1 = case / "rank1.jsonl"
-        wait(
-            lambda: any(r["step"] == lose_after for r in steps_of(rank1)), "the step to lose after"
-        )
-        os.killpg(lost.pid, signal.SIGKILL)  # the machine is gone: agent and worker
-        lost_at = time.time()
-        lost.wait()
-        shutil.rmtree(case / "node-1")
-        done = max(int(str(r["step"])) for r in steps_of(rank1))  # rank 1's last step
-        start("2")
-        for proc in (agents[0], agents[2]):
-            code = proc.wait(timeout=TIMEOUT)
-            if code != 0:
-                out = case / ("node-0" if proc is agents[0] else "node-2") / "agent.out"
-                raise RuntimeError(f"{way}: exit {code}\n{out.read_text()[-3000:]}")
-        after = [r for r in steps_of(case / "rank0.jsonl") if float(str(r["t"])) > lost_at]
-        resumed = min(int(str(r["start"])) for r in after)
-        back = next(float(str(r["t"])) for r in after if r["step"] == done + 1)
-        return {
-            "steps lost": done + 1 - resumed,
-            "loss to back at the lost step (s)": back - lost_at,
-        }
-    finally:
-        for proc in agents:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
+        try:
+            start("0", run_id)
+            lost = start("1", run_id)
+            rank1 = case / "rank1.jsonl"
+            wait(
+                lambda: any(r["step"] == lose_after for r in steps_of(rank1)),
+                "the step to lose after",
+            )
+            lose(lost.pid)
+            lost_at = time.time()
+            lost.wait()
+            shutil.rmtree(case / "node-1")
+            if way.startswith("torchrun"):
+                # torchrun's survivor cannot take a new node in (its next round waits for the lost
+                # node's role info, and fails): the job is relaunched on two nodes at once, as a
+                # scheduler that restarts a job at its first failure does, torchrun's best case.
+                lose(agents[0].pid)
+                agents[0].wait()
+                survivors = [start("2", run_id + "-again"), start("3", run_id + "-again")]
+            else:
+                survivors = [agents[0], start("2", run_id)]
+            for proc in survivors:
+                code = proc.wait(timeout=TIMEOUT)
+                if code != 0:
+                    tail = outputs[proc.pid].read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"{way}: exit {code}\n{tail}")
+            # The workers that ran before the loss (a survivor may end one more step then), and
+            # the furthest step they finished: the one after it is the lost step.
+            rank0 = steps_of(case / "rank0.jsonl")
+            before = [r for r in rank0 + steps_of(rank1) if float(str(r["t"])) <= lost_at]
+            old = {r["pid"] for r in before}
+            done = max(int(str(r["step"])) for r in rank0 + steps_of(rank1) if r["pid"] in old)
+            after = [r for r in rank0 if r["pid"] not in old]
+            resumed = min(int(str(r["start"])) for r in after)
+            back = next(float(str(r["t"])) for r in after if r["step"] == done + 1)
+            return {
+                "steps lost": done + 1 - resumed,
+                "loss to back at the lost step (s)": back - lost_at,
+            }
+        finally:
+            for proc in agents:
+                if proc.poll() is None:
+                    lose(proc.pid)
+                    proc.wait()
 
 
 def main() -> int:

@@ -84,6 +84,7 @@ for step in range(start, steps):
         os.replace(disk + ".part", disk)
     saved = time.perf_counter()
     log.write(json.dumps({"step": step, "attempt": attempt, "start": start, "t": time.time(),
+                          "pid": os.getpid(),
                           "train_s": trained - began, "save_s": saved - trained}) + "\\n")
     log.flush()
 dist.destroy_process_group()
