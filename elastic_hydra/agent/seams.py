@@ -166,6 +166,12 @@ class NodeExchange(Protocol):
         `limit` bytes, None for a node that published nothing within `timeout` seconds.
         Raises RendezvousError when the store is gone."""
 
+    def first(self, topic: str, value: bytes, *, limit: int, timeout: float) -> bytes:
+        """The first value any node of the round offered under `topic` (this node's `value`
+        when it is the first, or when the first one's is not there within `timeout` seconds),
+        cut at `limit` bytes: every node that asks gets the same one.
+        Raises RendezvousError when the store is gone."""
+
 
 class Saver(Protocol):
     """The workers' snapshots (`checkpoint.*`), saved when a stop signal comes."""

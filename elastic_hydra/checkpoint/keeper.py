@@ -49,7 +49,7 @@ MANIFEST_LIMIT = 1 << 20  # bytes: a manifest of 4096 ranks is about 400 KiB
 _CHUNK = 1 << 20
 MEMORY = "memory"
 SAVE_TOPIC = "checkpoint-save"
-SAVE_AGREE_TIMEOUT = 5.0  # seconds the signalled nodes wait for each other's proposal
+SAVE_AGREE_TIMEOUT = 5.0  # seconds a signalled node waits for the first one's proposal
 SAVE_POLL = 0.05
 
 
@@ -277,6 +277,7 @@ class Keeper:
         of one step, agreed with the other nodes that were signalled: two steps past the newest
         any rank here holds (ranks of a job are at most a step apart). The agent waits for that
         snapshot on every rank here, then keeps the newest step they all hold."""
+        self._stop_copies()
         ranks = self._ranks() if self.node is not None else range(0)
         newest = max((s for rank in ranks for s in self.area.steps(rank)), default=None)
         if newest is None:
@@ -303,23 +304,25 @@ class Keeper:
         return kept
 
     def _agreed(self, mine: int) -> int:
-        """The step to save at: the furthest any signalled node proposes."""
+        """The step to save at: the first signalled node's proposal (a node asked later is at
+        most a step from it: its ranks and the first node's are in the same collectives), the
+        same on every node that asks; `mine` where no node's is readable."""
         if self.exchange is None:
             return mine
         try:
-            said = self.exchange.gather(
+            said = self.exchange.first(
                 SAVE_TOPIC, str(mine).encode(), limit=32, timeout=SAVE_AGREE_TIMEOUT
             )
         except RendezvousError:
             return mine
-        steps = [int(v) for v in said if v is not None and v.isdigit() and len(v) < 19]
-        return max([mine, *steps])
+        return int(said) if said.isdigit() and len(said) < 19 else mine
 
     def persist(self) -> int | None:
         """Copy the newest step every local rank holds into the home (and the one before, when
         held: another node may hold only that); the newest step copied, None when none."""
         if self.node is None:
             return None
+        self._stop_copies()
         node, ranks = self.node, self._ranks()
         held = self._held(ranks)
         if not held:
@@ -359,6 +362,12 @@ class Keeper:
         }  # fmt: skip
         _write_whole(self.home.manifest(step, node.group_rank), json.dumps(manifest).encode())
         _fsync_dir(target)
+
+    def _stop_copies(self) -> None:
+        """The job ends here (or saves and stops): no more copies to the next node, whose agent
+        may be gone first."""
+        if self.ring is not None:
+            self.ring.pusher.aim(None, ())
 
     def _prune(self) -> None:
         """Keep the newest `keep` complete copies; remove the copies older than those."""

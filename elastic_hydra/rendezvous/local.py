@@ -106,6 +106,10 @@ class LocalRendezvous:
         """seams.NodeExchange: this node alone (preflight refuses static nodes: no store)."""
         return [value[: limit + 1]]
 
+    def first(self, topic: str, value: bytes, *, limit: int, timeout: float) -> bytes:
+        """seams.NodeExchange: this node alone."""
+        return value[: limit + 1]
+
     def job_share(self) -> None:
         return None  # no store the nodes share: each node watches its own ranks
 

@@ -197,6 +197,27 @@ class TorchRendezvous(Membership, JoinWait):
             raise RendezvousError(self._lost(exc)) from None
         return [bytes(values[k])[: limit + 1] if k in values else None for k in keys]
 
+    def first(self, topic: str, value: bytes, *, limit: int, timeout: float) -> bytes:
+        """seams.NodeExchange: the round store's counter for `topic` elects the first node to
+        ask; the others wait for its value. Unlike `gather`, a signal does not cut the wait
+        short: the value is set right after the count, and a stop signal is what asks (a save
+        request)."""
+        if self.store is None or self.node is None:
+            return value[: limit + 1]
+        store, key = self.store, f"{GATHER}{topic}"
+        deadline = time.monotonic() + timeout
+        try:
+            if int(store.add(f"{key}/count", 1)) == 1:
+                store.set(f"{key}/value", value)
+                return value[: limit + 1]
+            while not store.check([f"{key}/value"]):
+                if time.monotonic() >= deadline:
+                    return value[: limit + 1]
+                time.sleep(GATHER_POLL)
+            return bytes(store.get(f"{key}/value"))[: limit + 1]
+        except store_keys.STORE_READ_ERRORS as exc:
+            raise RendezvousError(self._lost(exc)) from None
+
     def job_share(self) -> JobShare:
         return self  # the hangs ride on the job's store
 

@@ -239,6 +239,10 @@ class Member:
             r.cond.wait_for(lambda: len(r.words[topic]) == r.nodes, timeout=timeout)
             return [r.words[topic].get(i) for i in range(r.nodes)]
 
+    def first(self, topic: str, value: bytes, *, limit: int, timeout: float) -> bytes:
+        with self.round_.cond:
+            return self.round_.words.setdefault(topic, {}).setdefault(-1, value)
+
 
 def ring_keeper(tmp_path: Path, name: str) -> Keeper:
     area = area_in(tmp_path, name)

@@ -46,6 +46,10 @@ class Exchange:
         self.waited.append(timeout)
         return [value, *self.others]
 
+    def first(self, topic: str, value: bytes, *, limit: int, timeout: float) -> bytes:
+        """The first proposal: another node's, when there is one."""
+        return next((v for v in self.others if v is not None), value)
+
 
 def snap(area: Area, rank: int, step: int, payload: object = None) -> None:
     area.rank_dir(rank).mkdir(mode=0o700, exist_ok=True)

@@ -510,3 +510,43 @@ def test_a_store_that_refuses_is_retried_for_its_bound_then_named() -> None:
                                         port=server.getsockname()[1]))  # fmt: skip
         _wait_for_store(listening, heard.append, lambda: False)
     assert heard[-1] is None
+
+
+# ------------------------------------------------------------------ what the nodes swap per round
+def round_of(
+    store: object, nodes: int, torchrun: tuple[int, ...] = (), signum: int | None = None
+) -> list[TorchRendezvous]:
+    """Each node's view of one round on `store` (`signum`: a stop signal came, a save request)."""
+    from elastic_hydra.agent.seams import NodeAssignment
+
+    views = []
+    for rank in range(nodes):
+        rdzv = TorchRendezvous(make_plan(dynamic=True), SimpleNamespace(signum=signum))
+        rdzv.store = store
+        rdzv.node = NodeAssignment(
+            group_rank=rank, group_world_size=nodes, base_rank=rank, world_size=nodes,
+            role_base_rank=rank, role_world_size=nodes, master=Endpoint(host="127.0.0.1", port=1),
+        )  # fmt: skip
+        rdzv._torchrun = {object(): (r, str(r)) for r in torchrun}
+        views.append(rdzv)
+    return views
+
+
+def test_every_node_that_asks_gets_the_first_proposal_however_late_a_signal_reaches_it() -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    a, b = round_of(store, 2, signum=10)
+    assert b.first("save", b"12", limit=32, timeout=5) == b"12"  # b was signalled first
+    assert a.first("save", b"13", limit=32, timeout=5) == b"12"  # a, later, takes b's step
+
+
+def test_a_gather_does_not_wait_for_the_rounds_torchrun_agents() -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    a, b, _torchrun = round_of(store, 3, torchrun=(2,))
+    a.gather("word", b"a", limit=8, timeout=0)
+    started = time.monotonic()
+    assert b.gather("word", b"b", limit=8, timeout=30) == [b"a", b"b", None]
+    assert time.monotonic() - started < 10  # not the 30 s: node 2 never publishes
