@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -39,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
-from recovery import SCRIPT, lines
+from recovery import SCRIPT, lines, run_meta
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WAYS = ("torchrun + disk", "elastic-hydra, snapshots + buddy", "elastic-hydra, snapshots, no buddy")
@@ -228,13 +227,7 @@ def main() -> int:
             for way in WAYS:
                 results[way].append(one_run(Path(tmp), way, args.steps, args.lose_after, args.mb))
                 print(way, results[way][-1], flush=True)
-    meta = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "load average at the end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "runs": args.runs,
-        "command": "python benchmarks/node_loss.py " + " ".join(sys.argv[1:]),
-    }
+    meta = run_meta(args.runs, "node_loss.py")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "node_loss.json").write_text(
         json.dumps({"meta": meta, "runs": results}, indent=2) + "\n"

@@ -134,6 +134,17 @@ def one_run(work: Path, way: str, steps: int, crash: int, mb: float) -> dict[str
 WAYS = ("torchrun + disk", "elastic-hydra + disk", "elastic-hydra + snapshots")
 
 
+def run_meta(runs: int, script: str) -> dict[str, object]:
+    """What a results file says of its run: the machine, its load, the date, the command."""
+    return {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "load average at the end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs": runs,
+        "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -148,13 +159,7 @@ def main() -> int:
             for way in WAYS:
                 results[way].append(one_run(Path(tmp), way, args.steps, args.crash, args.mb))
                 print(way, results[way][-1], flush=True)
-    meta = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "load average at the end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "runs": args.runs,
-        "command": "python benchmarks/recovery.py " + " ".join(sys.argv[1:]),
-    }
+    meta = run_meta(args.runs, "recovery.py")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "recovery.json").write_text(json.dumps({"meta": meta, "runs": results},
                                                        indent=2) + "\n")  # fmt: skip
