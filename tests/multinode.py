@@ -117,7 +117,8 @@ class Job:
         return sorted(latest.values(), key=lambda r: r["rank"]) if len(latest) == size else []
 
     def wait_world(self, size: int, timeout: float) -> list[dict[str, Any]]:
-        return wait_for(lambda: self.world(size), timeout, f"a round with world size {size}")
+        return wait_for(lambda: self.world(size), timeout, f"a round with world size {size}",
+                        detail=self.explain)  # fmt: skip
 
     def finish(self, timeout: float) -> list[int]:
         """Exit codes of all agents; past the deadline every agent is stopped and it fails."""

@@ -527,6 +527,10 @@ class Ring:
         self.server.paused = False
         self.pusher.aim(after, ranks)
 
+    def stop_pushing(self) -> None:
+        """No more copies to the next node: the job saves or ends here."""
+        self.pusher.aim(None, ())
+
     def _taken(self, header: dict[str, Any]) -> None:
         """After a copy of the previous node's is taken: how far its copies reach now, what its
         push said of the others', and the floor that follows."""

@@ -367,7 +367,7 @@ class Keeper:
         """The job ends here (or saves and stops): no more copies to the next node, whose agent
         may be gone first."""
         if self.ring is not None:
-            self.ring.pusher.aim(None, ())
+            self.ring.stop_pushing()
 
     def _prune(self) -> None:
         """Keep the newest `keep` complete copies; remove the copies older than those."""
