@@ -66,6 +66,13 @@ class Tally:
         for nodeid, seconds in sorted(self.cpu.items(), key=lambda kv: -kv[1])[:top]:
             terminalreporter.write_line(f"{seconds:7.2f}s cpu  {nodeid}")
         terminalreporter.write_line(f"{total:7.1f}s cpu in all, {len(self.cpu)} tests")
+        files: dict[str, float] = {}
+        for nodeid, seconds in self.cpu.items():
+            path = nodeid.split("::", 1)[0]
+            files[path] = files.get(path, 0.0) + seconds
+        terminalreporter.write_sep("=", f"top {top} CPU by file")
+        for path, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:top]:
+            terminalreporter.write_line(f"{seconds:7.1f}s cpu  {path}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -142,8 +142,11 @@ def test_a_throttled_node_is_named_and_left_out_and_the_rest_trains_without_a_re
     # slowest of three, so the median is a healthy node's rate and a healthy node cannot fall
     # under 0.7 of it; in the round of two, the slower one is at least 0.7 of their mean unless
     # one runs at under 54 % of the other's speed.
+    # The throttled node's probe loads torch at a tenth of a CPU (~25 s, more beside other
+    # tests): its share of preflight.timeout (three quarters) must outlast that, or the node is
+    # left out as "timed out" before its GEMM rate is measured.
     overrides = ("nnodes=2:3", *FAST, "rdzv.last_call_timeout=6", *QUICK,
-                 "preflight.min_ratio=0.7")  # fmt: skip
+                 "preflight.min_ratio=0.7", "preflight.timeout=160")  # fmt: skip
     with cpu_cgroup() as group, job(tmp_path, "c10d", endpoint) as j:
         j.start(*overrides)  # the store's host: it binds the endpoint first
         host, port = endpoint.split(":")
