@@ -71,6 +71,7 @@ XDIST_GROUPS = {
     "tests/torchrun/test_torchrun_errors.py": "torchrun-errors",
     "tests/test_faults_vs_torchrun.py": "faults-vs-torchrun",  # and its table: every row in one
     "tests/config/test_one_composition.py": "one-composition",  # its etcd server
+    "tests/checkpoint/test_snapshots_real.py": "snapshots-real",  # the clean run they compare to
 }
 
 
@@ -85,7 +86,7 @@ HEAVY_FIRST = (
     "one-composition",
     "tests/test_packaging.py",
     "tests/warm/test_examples_warm.py",
-    "tests/checkpoint/test_snapshots_real.py",
+    "snapshots-real",
     "tests/stragglers/test_stragglers.py",
     "torchrun-errors",
     "tests/test_ddp_example.py",

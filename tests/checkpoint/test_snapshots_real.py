@@ -34,15 +34,25 @@ def ddp(tmp_path: Path, logs: str, *args: str) -> list[str]:
     return [f"script={DDP}", "nproc_per_node=2", f"logs.root={tmp_path / logs}", "--", *args]
 
 
-def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_weights(
-    tmp_path: Path,
-) -> None:
-    clean = run(*ddp(tmp_path, "clean", "--steps", "24", "--out", "clean.json"), cwd=tmp_path)
-    assert clean.returncode == 0, clean.stderr
+STEPS = "30"
 
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The final weights of the example trained STEPS steps without a failure, the reference of
+    every test here (one run for the module: its tests share an xdist group)."""
+    tmp = tmp_path_factory.mktemp("clean")
+    done = run(*ddp(tmp, "clean", "--steps", STEPS, "--out", "clean.json"), cwd=tmp)
+    assert done.returncode == 0, done.stderr
+    return weights(tmp / "clean.json")
+
+
+def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_weights(
+    tmp_path: Path, clean: object
+) -> None:
     crash = run(
         "restart=on_failure",
-        *ddp(tmp_path, "crash", "--steps", "24", "--crash-at-step", "7", "--out", "crash.json"),
+        *ddp(tmp_path, "crash", "--steps", STEPS, "--crash-at-step", "7", "--out", "crash.json"),
         cwd=tmp_path,
     )
     assert crash.returncode == 0, crash.stderr
@@ -50,11 +60,11 @@ def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_we
     # before it crashed, or step 5 where the agent stopped rank 0 before its snapshot of step 6
     # was written. At most that one step is trained again, by both ranks alike.
     assert resumed_steps(crash.stdout, attempt=1) in (["6", "6"], ["5", "5"]), crash.stdout
-    assert weights(tmp_path / "crash.json") == weights(tmp_path / "clean.json")
+    assert weights(tmp_path / "crash.json") == clean
 
     # A preemption: SIGTERM to the agent mid-run. It stops the workers and keeps their last
     # snapshots in the job's checkpoint home; the same command again resumes from there.
-    args = ddp(tmp_path, "preempted", "--steps", "24", "--step-time", "0.2", "--out", "pre.json")
+    args = ddp(tmp_path, "preempted", "--steps", STEPS, "--step-time", "0.2", "--out", "pre.json")
     with started(*args, cwd=tmp_path) as agent:
         home = Home(tmp_path / "preempted" / "checkpoints" / "ddp_snapshots")
         wait_for(lambda: areas_of(agent.pid) and step_files(areas_of(agent.pid)[0]) >= 6, 60,
@@ -72,7 +82,7 @@ def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_we
     assert again.returncode == 0, again.stderr
     resumed = re.findall(r"resumed after step (\d+) \(attempt 0\)", again.stdout)
     assert resumed == [kept.group(1).decode()] * 2, again.stdout
-    assert weights(tmp_path / "pre.json") == weights(tmp_path / "clean.json")
+    assert weights(tmp_path / "pre.json") == clean
 
 
 def resumed_steps(out: str, *, attempt: int) -> list[str]:
@@ -136,15 +146,13 @@ def test_two_nodes_resume_the_same_step_after_a_crash_on_one(tmp_path: Path) -> 
 
 
 def test_a_node_lost_with_its_memory_and_disk_resumes_from_the_copy_on_its_buddy(
-    tmp_path: Path,
+    tmp_path: Path, clean: object
 ) -> None:
     """Two nodes, each with its own memory and its own disk (no home they share). Node 1's
     agent is SIGKILLed and its memory and disk removed; a fresh agent takes its place. Both
     ranks resume after the same step, the lost node's rank from the survivor's copy of its
     snapshot (checkpoint.buddy), and the job ends with the weights of an uninterrupted run."""
-    clean = run(*ddp(tmp_path, "clean", "--steps", "30", "--out", "clean.json"), cwd=tmp_path)
-    assert clean.returncode == 0, clean.stderr
-    args = ["--steps", "30", "--step-time", "0.25", "--out", str(tmp_path / "final.json")]
+    args = ["--steps", STEPS, "--step-time", "0.25", "--out", str(tmp_path / "final.json")]
     with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
 
         def start(name: str) -> Path:
@@ -185,7 +193,7 @@ def test_a_node_lost_with_its_memory_and_disk_resumes_from_the_copy_on_its_buddy
     assert int(step) >= 5, new
     resumed = re.findall(r"rank (\d): resumed after step (\d+)", survivor + new)
     assert sorted(resumed) == [("0", step), ("1", step)], survivor + new
-    assert weights(tmp_path / "final.json") == weights(tmp_path / "clean.json")
+    assert weights(tmp_path / "final.json") == clean
 
 
 def test_elastic_hydra_save_asks_every_rank_to_stop_after_one_step_and_keeps_it(
