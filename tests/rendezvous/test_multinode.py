@@ -280,29 +280,6 @@ def test_a_worker_failure_on_one_node_restarts_the_job_on_every_node(tmp_path: P
             assert "ValueError: boom from rank 3" in recovered, report.stdout
 
 
-def test_every_node_names_the_job_wide_root_cause(tmp_path: Path) -> None:
-    with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
-        for _ in range(2):
-            j.start("nnodes=2", "nproc_per_node=2", "rdzv.is_host=false", *FAST,
-                    env={"FAIL_RANK": "3"})  # fmt: skip
-        assert j.finish(AGENT_DEADLINE) == [1, 1], j.explain()
-
-    summaries = [a.summary() for a in j.agents]
-    failing = next(s for s in summaries if any(f["rank"] == 3 for f in s["failures"]))
-    other = next(s for s in summaries if s is not failing)
-    for summary in summaries:
-        cause = summary["root_cause"]
-        assert cause is not None, summary
-        assert (cause["rank"], cause["local_rank"], cause["node_rank"]) == (3, 1, 1)
-        assert cause["message"] == "ValueError: boom from rank 3"
-        assert cause["host"] == failing["host"]
-    # The other node's own ranks did not fail: it learned the cause from the store.
-    assert not [f for f in other["failures"] if not f["terminated_by_launcher"]]
-    assert "another node ended the job" in other["message"]
-    text = next(a for a in j.agents if a.summary() is not None and a.summary() == other).text()
-    assert "root cause  rank 3 (local rank 1) on" in text and "(node 1)" in text, text
-
-
 # A launcher that counts the agent's reads of its workers' stderr logs, one path a line.
 COUNTING_AGENT = """
 import sys
@@ -328,25 +305,38 @@ main()
 """
 
 
-def test_a_failed_workers_files_are_read_once_though_checked_published_and_summarised(
+def test_every_node_names_the_job_wide_root_cause_reading_each_failed_workers_files_once(
     tmp_path: Path,
 ) -> None:
-    """On a node of a multi-node job, a failure is checked (a lost peer, or a fault of its own?),
-    published to the store and summarised: one read of its files serves all three."""
+    """Every node names the rank that failed first, the other node from the store. On each node
+    a failure is checked (a lost peer, or a fault of its own?), published to the store and
+    summarised: one read of its files serves all three."""
     agent = tmp_path / "counting_agent.py"
     agent.write_text(COUNTING_AGENT)
     with rdzv_server(tmp_path) as (port, _server), job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
         for i in range(2):
-            overrides = ("nnodes=2", "nproc_per_node=1", "rdzv.is_host=false", *FAST,
+            overrides = ("nnodes=2", "nproc_per_node=2", "rdzv.is_host=false", *FAST,
                          f"logs.root={tmp_path / f'agent{i}'}")  # fmt: skip
             command = j.command(*overrides)[len(ELASTIC_HYDRA) :]
             log = tmp_path / f"reads{i}.txt"
-            j.start(argv=[sys.executable, str(agent), str(log), *command], env={"FAIL_RANK": "1"})
+            j.start(argv=[sys.executable, str(agent), str(log), *command], env={"FAIL_RANK": "3"})
         assert j.finish(AGENT_DEADLINE) == [1, 1], j.explain()
 
-    for i, node in enumerate(j.agents):
-        cause = node.summary()["root_cause"]
-        assert (cause["rank"], cause["message"]) == (1, "ValueError: boom from rank 1"), cause
+    summaries = [a.summary() for a in j.agents]
+    failing = next(s for s in summaries if any(f["rank"] == 3 for f in s["failures"]))
+    other = next(s for s in summaries if s is not failing)
+    for summary in summaries:
+        cause = summary["root_cause"]
+        assert cause is not None, summary
+        assert (cause["rank"], cause["local_rank"], cause["node_rank"]) == (3, 1, 1)
+        assert cause["message"] == "ValueError: boom from rank 3"
+        assert cause["host"] == failing["host"]
+    # The other node's own ranks did not fail: it learned the cause from the store.
+    assert not [f for f in other["failures"] if not f["terminated_by_launcher"]]
+    assert "another node ended the job" in other["message"]
+    text = next(a for a in j.agents if a.summary() is not None and a.summary() == other).text()
+    assert "root cause  rank 3 (local rank 1) on" in text and "(node 1)" in text, text
+    for i in range(2):
         reads = Counter((tmp_path / f"reads{i}.txt").read_text().splitlines())
         # Every failed worker of the node (its own failure, or its rank stopped by the launcher
         # when the job ended) is read, and once.
