@@ -52,7 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     compileall.compile_dir(REPO / "elastic_hydra", quiet=1)
 
 
-# The tests run on xdist workers (pyproject's addopts: `-n 3 --dist loadgroup`). The tests of a
+# The tests run on xdist workers (pyproject's addopts: `-n 4 --dist loadgroup`). The tests of a
 # group run on one worker, one after another: module -> group, and why.
 XDIST_GROUPS = {
     # /etc/hosts, read, edited and written back whole by the Slurm test cluster (tests/
