@@ -16,11 +16,12 @@ changed *now*: a tensor's `_version` counts a change once its kernel is done, an
 through `.data`. So the writer never reads the live tensors; it writes a copy made at the call:
 
 - tensors (dense `torch.Tensor`s that need no grad): each storage copied once, into a buffer
-  kept for the next snapshot, and the views rebuilt on it, so the file is what `torch.save` of
-  the live state would write. A GPU's are copied into pinned memory without waiting for the
-  device; the writer waits for that copy. About a memcpy: 1.5 ms for 20 MB on one core.
-- dicts, lists and tuples are copied (each level); numbers, strings, bytes and None are shared
-  (they cannot change).
+  kept for the next snapshot, and the views rebuilt on it, so the file holds what `torch.save`
+  of the live state would (a GPU's tensors as the CPU's: `restore` gives them so anyway). A
+  GPU's are copied into pinned memory without waiting for the device; the writer waits for
+  that copy. About a memcpy: 1.5 ms for 20 MB on one core.
+- dicts (keyed by numbers or strings), lists and tuples are copied, each level; numbers,
+  strings, bytes and None are shared (they cannot change).
 - A state with anything else (a set, an object, a numpy array, a tensor subclass, a tensor
   that needs grad), or without any tensor (its copy would cost what its write does), or with
   torch not imported, is written on the training thread, as before.
@@ -266,6 +267,8 @@ class _Copier:
         if isinstance(value, dict):  # an OrderedDict's attributes too (a state_dict's _metadata)
             copied = copy.copy(value)
             for key, item in value.items():
+                if type(key) not in self.atoms:
+                    raise _NotCopiedError
                 copied[key] = self.value(item, depth + 1)
             return copied
         if kind is self.torch.Tensor:
