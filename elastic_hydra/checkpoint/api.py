@@ -28,8 +28,9 @@ through `.data`. So the writer never reads the live tensors; it writes a copy ma
 
 One write is in flight at most: the next `snapshot` first waits for it (the memory is bounded:
 one copy of the state besides the snapshots in the area). The writer's thread is not a daemon:
-a normal exit (and a multiprocessing child's) waits for it, so the last step is kept; a crash or
-a kill loses at most the step being written, whose partial file is never read. What the writer
+a normal exit (and a multiprocessing child's) waits for it, so the last step is kept (one taken
+in an atexit hook is written there); a crash or a kill loses at most the step being written,
+whose partial file is never read. What the writer
 finds wrong (a full /dev/shm, `checkpoint.max_memory`) is one line on stderr, as before.
 """
 
@@ -154,11 +155,16 @@ def snapshot(state: Mapping[str, Any], *, step: int) -> bool:
     copied = _copy(state)
     if copied is None:
         return _write(area, rank, step, state)
+    if not threading.main_thread().is_alive():  # an atexit hook: no thread would be waited for
+        return _write(area, rank, step, *copied)
     global _writer
     thread = threading.Thread(
         target=_write, args=(area, rank, step, *copied), name="elastic-hydra-snapshot"
     )
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to be had: written here
+        return _write(area, rank, step, *copied)
     _writer = (thread, step)
     return True
 

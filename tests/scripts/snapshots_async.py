@@ -6,6 +6,7 @@ in ELASTIC_HYDRA_SNAPSHOTS; each scenario asserts what it sees and prints "ok".
   optimizer's step) while their write is held never reach the snapshot of the step before;
 - save_requested: it waits for the write of the step asked, and for no other;
 - at_exit: the writer starts only once the main thread has ended; the process waits for it;
+  a snapshot taken in an atexit hook is written there;
 - as_is: which states are written on the training thread (before `snapshot` returns);
 - errors: what the writer finds wrong is one line each (the test reads the rest: which
   snapshots are kept, from the floor on).
@@ -13,6 +14,7 @@ in ELASTIC_HYDRA_SNAPSHOTS; each scenario asserts what it sees and prints "ok".
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
@@ -149,7 +151,12 @@ def at_exit() -> None:
         until(lambda: not threading.main_thread().is_alive(), "the main thread to end")
         return real_write(state, path)
 
+    def last() -> None:  # after the writer: one taken in an atexit hook is written there
+        assert kept(7)
+        assert api.snapshot({"w": torch.full((1000,), 8.0)}, step=8) and kept(8)
+
     codec.write = after_main
+    atexit.register(last)
     assert api.snapshot({"w": torch.full((1000,), 7.0)}, step=7)
     assert not kept(7)
     print("ok", flush=True)  # and the main thread ends: the process waits for the write
