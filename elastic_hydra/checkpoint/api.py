@@ -8,14 +8,40 @@ used when the script imported it. Outside an elastic-hydra worker every call is 
     for step in range(start, steps):
         ...
         ckpt.snapshot({"model": model.state_dict(), "optim": opt.state_dict()}, step=step)
+
+How a snapshot is taken: the training thread copies the state, a thread of its own writes the
+copy. The next step changes tensors in place while the write goes on (`optimizer.step()`,
+BatchNorm's running statistics), and nothing in torch tells a reader that a tensor is being
+changed *now*: a tensor's `_version` counts a change once its kernel is done, and not at all
+through `.data`. So the writer never reads the live tensors; it writes a copy made at the call:
+
+- tensors (dense `torch.Tensor`s that need no grad): each storage copied once, into a buffer
+  kept for the next snapshot, and the views rebuilt on it, so the file holds what `torch.save`
+  of the live state would (a GPU's tensors as the CPU's: `restore` gives them so anyway). A
+  GPU's are copied into pinned memory without waiting for the device; the writer waits for
+  that copy. About a memcpy: 1.5 ms for 20 MB on one core.
+- dicts (keyed by numbers or strings), lists and tuples are copied, each level; numbers,
+  strings, bytes and None are shared (they cannot change).
+- A state with anything else (a set, an object, a numpy array, a tensor subclass, a tensor
+  that needs grad), or without any tensor (its copy would cost what its write does), or with
+  torch not imported, is written on the training thread, as before.
+
+One write is in flight at most: the next `snapshot` first waits for it (the memory is bounded:
+one copy of the state besides the snapshots in the area). The writer's thread is not a daemon:
+a normal exit (and a multiprocessing child's) waits for it, so the last step is kept (one taken
+in an atexit hook is written there); a crash or a kill loses at most the step being written,
+whose partial file is never read. What the writer
+finds wrong (a full /dev/shm, `checkpoint.max_memory`) is one line on stderr, as before.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +58,12 @@ STEP = "step"
 
 _told: set[str] = set()
 _last_step: int | None = None  # the step of this process's newest snapshot
+_lock = threading.Lock()  # _told and _last_step: the writer's thread sets them too
+_writer: tuple[threading.Thread, int] | None = None  # the write in flight, and its step
+# Where the last state's storages were copied (buffer, pinned): reused by the next.
+_buffers: list[tuple[Any, bool]] = []
+_IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes})
+_DEPTH = 32  # deeper (or a container that holds itself): written on the training thread
 
 
 class CheckpointError(RuntimeError):
@@ -49,9 +81,11 @@ def _rank() -> int:
 
 def _say(line: str) -> None:
     """One line on the rank's stderr, once per distinct line."""
-    if line not in _told:
+    with _lock:
+        if line in _told:
+            return
         _told.add(line)
-        print(f"elastic-hydra: {line}", file=sys.stderr, flush=True)
+    print(f"elastic-hydra: {line}", file=sys.stderr, flush=True)
 
 
 def restore() -> dict[str, Any] | None:
@@ -96,12 +130,17 @@ def restore() -> dict[str, Any] | None:
 def snapshot(state: Mapping[str, Any], *, step: int) -> bool:
     """Copy `state` into the memory the agent owns, as this rank's snapshot of `step`.
 
-    The copy is complete or absent, never half: it is written beside, then renamed. A worker
-    that crashes, is killed or restarts does not take it along; the agent keeps it until the
-    job ends, persists it to the checkpoint home and offers it to the next attempt's workers.
-    Call it once a step is done (after `optimizer.step()`), every step or every few.
+    The snapshot is the state as it is at the call, complete or absent, never half: it is
+    written beside, then renamed. Tensors are copied at the call and written by a thread of
+    the worker's, while training goes on (a state that cannot be copied so is written before
+    the call returns: the module's docstring says which); a step's in-place changes never reach
+    the snapshot of the step before. A worker that crashes, is killed or restarts does not take
+    its snapshots along; the agent keeps them until the job ends, persists them to the
+    checkpoint home and offers them to the next attempt's workers. Call it once a step is done
+    (after `optimizer.step()`), every step or every few.
 
-    Returns whether the snapshot was kept. A state with a value that cannot be copied, or one
+    Returns whether the snapshot was taken: kept, or copied and being written (it is kept
+    unless a line on stderr says otherwise). A state with a value that cannot be copied, or one
     larger than `checkpoint.max_memory`, or a full /dev/shm, is one line on stderr and the
     older snapshot stays; the job goes on.
     """
@@ -110,8 +149,41 @@ def snapshot(state: Mapping[str, Any], *, step: int) -> bool:
         return False
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be an int >= 0, not {step!r}")
+    _wait()  # one write in flight at most; its buffers are free again
     rank = _rank()
     area.rank_dir(rank).mkdir(mode=0o700, exist_ok=True)
+    copied = _copy(state)
+    if copied is None:
+        return _write(area, rank, step, state)
+    if not threading.main_thread().is_alive():  # an atexit hook: no thread would be waited for
+        return _write(area, rank, step, *copied)
+    global _writer
+    thread = threading.Thread(
+        target=_write, args=(area, rank, step, *copied), name="elastic-hydra-snapshot"
+    )
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to be had: written here
+        return _write(area, rank, step, *copied)
+    _writer = (thread, step)
+    return True
+
+
+def _wait() -> None:
+    """Wait for the write in flight, if any (only the training thread starts or waits)."""
+    global _writer
+    if _writer is not None:
+        _writer[0].join()
+        _writer = None
+
+
+def _write(
+    area: Area, rank: int, step: int, state: Mapping[str, Any], ready: Sequence[Any] = ()
+) -> bool:
+    """Write `state` as rank's snapshot of `step`, and keep the newest; whether it was kept.
+    `ready`: the events of the device copies to wait for first."""
+    for event in ready:
+        event.synchronize()
     part = area.partial(rank, step, os.getpid())
     part.unlink(missing_ok=True)
     try:
@@ -130,9 +202,17 @@ def snapshot(state: Mapping[str, Any], *, step: int) -> bool:
             f"checkpoint.max_memory ({limit}); the older snapshot is kept"
         )
         return False
-    os.replace(part, area.snapshot(rank, step))
-    global _last_step
-    _last_step = step
+    with _lock:
+        os.replace(part, area.snapshot(rank, step))
+        global _last_step
+        _last_step = step
+        _prune(area, rank, step)
+    return True
+
+
+def _prune(area: Area, rank: int, step: int) -> None:
+    """Remove rank's snapshots older than the newest `KEEP_IN_MEMORY`, less those kept while
+    the other nodes' copies lag (from the floor on, at most `KEEP_WHILE_COPIES_LAG`)."""
     older = [s for s in area.steps(rank) if s != step]
     kept = set(older[max(0, len(older) - (KEEP_IN_MEMORY - 1)) :])
     floor = _floor(area)
@@ -142,7 +222,99 @@ def snapshot(state: Mapping[str, Any], *, step: int) -> bool:
     for old in older:
         if old not in kept:
             area.snapshot(rank, old).unlink(missing_ok=True)
-    return True
+
+
+class _NotCopiedError(Exception):
+    """The state holds a value that `_copy` does not copy: it is written as it is."""
+
+
+def _copy(state: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]] | None:
+    """A copy of `state` that the training thread cannot change, and the device events it
+    waits for; None where the state is written on the training thread (the module's docstring
+    says which)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    copier = _Copier(torch, _buffers)
+    try:
+        copied = copier.value(dict(state), 0)
+    except _NotCopiedError:
+        return None
+    except RuntimeError:  # a tensor torch cannot copy so (pinned memory refused, a meta tensor)
+        _buffers.clear()
+        return None
+    if not copier.storages:
+        return None
+    _buffers[:] = copier.buffers
+    return copied, [stream.record_event() for stream in copier.streams]
+
+
+class _Copier:
+    """Copies a state's containers and tensors: each tensor storage once, into a buffer (one of
+    the last state's where its size matches), the views rebuilt on it."""
+
+    def __init__(self, torch: Any, reuse: list[tuple[Any, bool]]) -> None:
+        self.torch, self.reuse = torch, reuse
+        self.atoms = {*_IMMUTABLE, torch.Size, torch.dtype, torch.device}
+        self.storages: dict[int, Any] = {}  # a storage's identity -> its copy
+        self.buffers: list[tuple[Any, bool]] = []  # (buffer, pinned), in the order copied
+        self.streams: list[Any] = []  # the GPU streams the copies were queued on
+
+    def value(self, value: Any, depth: int) -> Any:
+        kind = type(value)
+        if kind in self.atoms:
+            return value
+        if depth > _DEPTH:
+            raise _NotCopiedError
+        if kind is list:
+            return [self.value(item, depth + 1) for item in value]
+        if kind is tuple:
+            return tuple(self.value(item, depth + 1) for item in value)
+        if isinstance(value, dict):  # an OrderedDict's attributes too (a state_dict's _metadata)
+            copied = copy.copy(value)
+            for key, item in value.items():
+                if type(key) not in self.atoms:
+                    raise _NotCopiedError
+                copied[key] = self.value(item, depth + 1)
+            return copied
+        if kind is self.torch.Tensor:
+            return self.tensor(value)
+        raise _NotCopiedError
+
+    def tensor(self, tensor: Any) -> Any:
+        torch = self.torch
+        if (
+            tensor.layout != torch.strided
+            or tensor.requires_grad
+            or tensor.is_quantized
+            or tensor.is_nested
+            or tensor.is_conj()
+            or tensor.is_neg()
+            or tensor.__dict__
+        ):
+            raise _NotCopiedError
+        storage = tensor.untyped_storage()
+        if (copied := self.storages.get(storage._cdata)) is None:
+            copied = self.storages[storage._cdata] = self.buffer(storage, tensor.device)
+        view = torch.empty(0, dtype=tensor.dtype)
+        return view.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
+
+    def buffer(self, storage: Any, device: Any) -> Any:
+        """A host copy of `storage`; a GPU's is queued on its current stream, into pinned
+        memory."""
+        torch, size, gpu = self.torch, storage.nbytes(), device.type == "cuda"
+        i = len(self.buffers)
+        old, pinned = self.reuse[i] if i < len(self.reuse) else (None, False)
+        if old is None or old.numel() != size or pinned != gpu:
+            old = torch.empty(size, dtype=torch.uint8, pin_memory=gpu)
+        self.buffers.append((old, gpu))
+        source = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+        old.copy_(source, non_blocking=gpu)
+        if gpu:
+            stream = torch.cuda.current_stream(device)
+            if all(stream != known for known in self.streams):
+                self.streams.append(stream)
+        return old.untyped_storage()
 
 
 def _floor(area: Area) -> int | None:
@@ -156,15 +328,21 @@ def _floor(area: Area) -> int | None:
 
 def save_requested() -> bool:
     """Whether the agent asked this rank to stop: a stop signal came (a preemption, Ctrl-C,
-    `scancel`), and this rank's snapshot of the step every rank agreed on is taken. Call it
-    after `snapshot`, every step; when it says True, stop training (`break`): every rank says
-    True at the same step, and the agent keeps that step in the checkpoint home.
+    `scancel`), and this rank's snapshot of the step every rank agreed on is kept (when that
+    snapshot is still being written, it waits for it). Call it after `snapshot`, every step;
+    when it says True, stop training (`break`): every rank says True at the same step, and the
+    agent keeps that step in the checkpoint home.
     """
     area = _area()
-    if area is None or _last_step is None:
+    if area is None:
         return False
     try:
         asked = json.loads(area.save_request.read_bytes()).get("step")
     except (OSError, ValueError, AttributeError):
         return False
-    return isinstance(asked, int) and not isinstance(asked, bool) and _last_step >= asked
+    if not isinstance(asked, int) or isinstance(asked, bool):
+        return False
+    if _writer is not None and _writer[1] >= asked:
+        _wait()
+    with _lock:
+        return _last_step is not None and _last_step >= asked
