@@ -29,6 +29,7 @@ AGENT_DEADLINE = 180.0  # agents, probes and workers each import torch: ~2 s of 
 # rate swings more than on a real node, so the jobs here fail a node below half the median.
 QUICK = ("preflight=quick", "preflight.min_ratio=0.5", "preflight.gemm_seconds=0.3")
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller on this host
+CPU_PERIOD_US = 10_000  # the throttled node's quota period (see cpu_cgroup)
 READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
 
 
@@ -119,12 +120,17 @@ def test_a_fixed_size_job_with_a_read_only_path_on_one_node_stops_before_the_scr
 
 @contextlib.contextmanager
 def cpu_cgroup() -> Iterator[Path]:
-    """A cgroup v1 `cpu` group (no quota yet); removed at the end (the test stops its processes
-    first)."""
+    """A cgroup v1 `cpu` group (no quota yet) with a 10 ms quota period; removed at the end (the
+    test stops its processes first).
+
+    A short period, so that a throttled share holds over each GEMM window too: with the default
+    100 ms, a 60 ms window can take one period's quota at its start and the next one's at its
+    end, and measured a fifth of the full rate at a tenth of a CPU (82 % of a median pulled down
+    by a busy core)."""
     group = CPU_CGROUPS / f"elastic-hydra-test-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     try:
-        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
         yield group
     finally:
         wait_for(lambda: not (group / "cgroup.procs").read_text().split(), 30,
@@ -159,7 +165,7 @@ def test_a_throttled_node_is_named_and_left_out_and_the_rest_trains_without_a_re
         # Once it is in the round (its probes are about to start, they load torch first),
         # the node gets a tenth of a CPU: a node that slows down, as a throttled one does.
         wait_for(lambda: re.search(r"node \d of 3,", throttled.text()), 120, "the first round")
-        (group / "cpu.cfs_quota_us").write_text("10000")
+        (group / "cpu.cfs_quota_us").write_text(str(CPU_PERIOD_US // 10))
         codes = j.finish(AGENT_DEADLINE)
     assert codes == [0, EXIT_PREFLIGHT_NODE, 0], j.explain()
     records = j.world(2)
