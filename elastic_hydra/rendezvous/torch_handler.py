@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -349,20 +350,26 @@ def foreign_state(exc: BaseException) -> ForeignStateError | None:
     return None
 
 
+_QUIET = threading.RLock()  # the agent's threads load torch side by side (rendezvous, store)
+
+
 @contextlib.contextmanager
 def quiet_torch_cpp(quiet: bool) -> Iterator[None]:
     """Load torch with its C++ log level at FATAL (read once, at load) unless the user set it.
 
-    The variable is set only while torch loads: workers never see it.
+    The variable is set only while torch loads: workers never see it. One thread at a time: two
+    that each set and removed it would remove it twice, and one could take the other's setting
+    for the user's.
     """
-    if not quiet or "TORCH_CPP_LOG_LEVEL" in os.environ:
-        yield
-        return
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
-    try:
-        yield
-    finally:
-        del os.environ["TORCH_CPP_LOG_LEVEL"]
+    with _QUIET:
+        if not quiet or "TORCH_CPP_LOG_LEVEL" in os.environ:
+            yield
+            return
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+        try:
+            yield
+        finally:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
 def bound_tcp_store(host: str, port: int, **options: Any) -> Store:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,7 +48,7 @@ from elastic_hydra.rendezvous.store_keys import (
     read_failures,
 )
 from elastic_hydra.rendezvous.torch_backend import TorchRendezvous
-from elastic_hydra.rendezvous.torch_handler import _wait_for_store, guarded, reason
+from elastic_hydra.rendezvous.torch_handler import _wait_for_store, guarded, quiet_torch_cpp, reason
 from tests.agent.test_executor import FakeStop, make_plan
 from tests.conftest import free_port, wait_for
 
@@ -550,3 +552,40 @@ def test_a_gather_does_not_wait_for_the_rounds_torchrun_agents() -> None:
     started = time.monotonic()
     assert b.gather("word", b"b", limit=8, timeout=30) == [b"a", b"b", None]
     assert time.monotonic() - started < 10  # not the 30 s: node 2 never publishes
+
+
+def test_two_threads_loading_torch_quietly_each_keep_the_quiet_level_and_leave_none_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's rendezvous and store threads load torch side by side: the first one out must
+    not take the level from the other one, nor the other one then fail removing it again."""
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    second_in, first_out = threading.Event(), threading.Event()
+    seen: list[str | None] = []
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            with quiet_torch_cpp(True):
+                second_in.set()
+                first_out.wait(30)
+                seen.append(os.environ.get("TORCH_CPP_LOG_LEVEL"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=second)
+    with quiet_torch_cpp(True):
+        thread.start()
+        second_in.wait(0.5)  # one thread at a time: the second one cannot get in yet
+        assert os.environ["TORCH_CPP_LOG_LEVEL"] == "FATAL"
+    first_out.set()
+    thread.join(30)
+    assert not thread.is_alive() and errors == [] and seen == ["FATAL"]
+    assert "TORCH_CPP_LOG_LEVEL" not in os.environ
+
+
+def test_a_users_torch_log_level_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")
+    with quiet_torch_cpp(True):
+        assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO"
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO"
