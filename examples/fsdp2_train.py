@@ -4,6 +4,8 @@ Run it with elastic-hydra (or torchrun, unchanged):
 
     elastic-hydra script=examples/fsdp2_train.py nproc_per_node=2
     elastic-hydra script=examples/fsdp2_train.py nproc_per_node=2 -- --steps 50
+    elastic-hydra script=examples/fsdp2_train.py nproc_per_node=2 restart=on_failure \\
+        -- --crash-at-step 7    # rank 1 fails once; the restart resumes after step 6
     torchrun --nproc-per-node=2 examples/fsdp2_train.py --out runs/fsdp2.json
 
 - gloo on CPU, nccl when CUDA is present (one GPU per local rank).
@@ -11,6 +13,12 @@ Run it with elastic-hydra (or torchrun, unchanged):
   of every parameter (a DTensor sharded on dim 0) and FSDP2 all-gathers a block's parameters
   before its forward and backward and reduce-scatters its gradients after.
 - The batch of step s on rank r is drawn from a generator seeded with (seed, s, r).
+- Every step ends with `ckpt.snapshot(...)` of the sharded state: each rank's model and
+  optimizer state dicts hold its shards (DTensors), kept in memory the agent owns. A restarted
+  worker's `ckpt.restore()` returns them, loaded into the re-sharded model as they are; the
+  resumed run ends with the weights of an uninterrupted one, bit for bit. A resume needs the
+  world size the snapshot was taken at.
+- `--crash-at-step S`: rank 1 exits with code 1 at step S on the first attempt only.
 - At the end the full state dict is gathered to rank 0 (`get_model_state_dict` with
   `full_state_dict=True`), which writes the last loss (averaged over the ranks) and a SHA-256 of
   the weights as JSON to `--out`, by default `final.json` in this launch's run directory
@@ -31,6 +39,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
+
+from elastic_hydra import checkpoint as ckpt
 
 FEATURES, HIDDEN, BATCH = 16, 64, 32
 
@@ -65,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=3, help="residual blocks")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--crash-at-step", type=int, default=-1)
     parser.add_argument("--out", default="", help="default: $ELASTIC_HYDRA_RUN_DIR/final.json")
     args = parser.parse_args(argv)
     where = args.out or os.path.join(os.environ.get("ELASTIC_HYDRA_RUN_DIR", ""), "final.json")
@@ -91,10 +102,22 @@ def weights_sha256(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def resume(model: nn.Module, optimizer: torch.optim.Optimizer, who: str, attempt: str) -> int:
+    """The first step to train: after the snapshot `ckpt.restore()` returns (this rank's
+    shards, DTensors as they were snapshotted), loaded into the sharded model; else 0."""
+    if (state := ckpt.restore()) is None:
+        return 0
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    print(f"{who}: resumed after step {state['step']} (attempt {attempt})", flush=True)
+    return int(state["step"]) + 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
@@ -111,18 +134,28 @@ def main(argv: list[str] | None = None) -> int:
         weight = model.blocks[0].up.weight
         print(f"rank 0 holds {tuple(weight.to_local().shape)} of {tuple(weight.shape)} blocks.0.up")
 
+    start = resume(model, optimizer, f"rank {rank}", attempt)
+
     loss_value = float("nan")
-    for step in range(args.steps):
+    for step in range(start, args.steps):
+        if step == args.crash_at_step and rank == 1 and attempt == "0":
+            print(f"rank {rank}: crashing at step {step} as asked", file=sys.stderr, flush=True)
+            os._exit(1)  # a hard failure: no clean shutdown of the process group
         x, y = batch(args.seed, step, rank, device)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()  # FSDP2 reduce-scatters (averages) each block's gradients here
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        ckpt.snapshot({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step=step)
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         loss_value = mean.item() / world
         if rank == 0 and (step + 1) % 5 == 0:
             print(f"step {step + 1}/{args.steps} loss {loss_value:.6f}")
+        if ckpt.save_requested():  # a preemption: every rank stops after the same step
+            print(f"rank {rank}: stopping after step {step}, kept by the agent", flush=True)
+            dist.destroy_process_group()
+            return 0
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole, on rank 0
     state = get_model_state_dict(model, options=options)

@@ -628,7 +628,10 @@ def test_a_mixed_job_restarts_in_either_start_order_without_store_sharing(
             else:
                 j.start(argv=theirs, env=NO_SHARING)
             wait_for(
-                lambda: listening(port), 30, "the first agent to host the store", interval=0.05,
+                lambda: listening(port),
+                30,
+                "the first agent to host the store",
+                interval=0.05,
                 detail=j.explain,
             )
         assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()
@@ -673,7 +676,11 @@ def test_a_torchrun_node_that_restarts_is_named_and_our_broken_ranks_are_its_col
     with job(tmp_path, "c10d", f"127.0.0.1:{port}") as j:
         j.start(argv=torchrun_argv(j, port, "--max-restarts=1"), env=env)
         wait_for(
-            lambda: listening(port), 30, "torchrun to host the store", interval=0.05, detail=j.explain
+            lambda: listening(port),
+            30,
+            "torchrun to host the store",
+            interval=0.05,
+            detail=j.explain,
         )
         ours = j.start("nnodes=2", "nproc_per_node=1", "restart.max_restarts=0", *FAST, env=env)
         assert j.finish(AGENT_DEADLINE) == [0, 0], j.explain()

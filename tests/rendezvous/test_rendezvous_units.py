@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import os
+import re
 import socket
 import threading
 import time

@@ -8,8 +8,9 @@
 - minGPT (examples/mingpt/: a Hydra app training a character GPT with DDP), warm with Hydra and
   torch imported by the template and rank 1 failing once, writes the bytes of a cold run and of a
   torchrun run; every rank and the restart use the launch's one Hydra output dir.
-- FSDP2 (examples/fsdp2_train.py: `fully_shard`, gloo) warm writes the bytes of a cold run and of
-  a torchrun run.
+- FSDP2 (examples/fsdp2_train.py: `fully_shard`, gloo) warm writes the bytes of a torchrun run,
+  and so does a cold run whose rank 1 fails once: it resumes from the sharded snapshots (each
+  rank's DTensor shards of the model and of AdamW's state) of the step before.
 """
 
 from __future__ import annotations
@@ -118,13 +119,15 @@ def test_mingpt_hydra_app_warm_with_a_restart_writes_the_bytes_of_cold_and_torch
 
 
 @pytest.mark.filterwarnings("ignore:Failed to initialize NumPy")
-def test_fsdp2_warm_writes_the_bytes_of_cold_and_torchrun(tmp_path: Path) -> None:
+def test_fsdp2_warm_and_cold_resumed_from_sharded_snapshots_write_the_bytes_of_torchrun(
+    tmp_path: Path,
+) -> None:
     script = str(copied_examples(tmp_path) / "fsdp2_train.py")
     cwd = {name: tmp_path / name for name in ("warm", "cold", "torchrun")}
     launch = [*ELASTIC_HYDRA, f"script={script}", "nproc_per_node=2"]
     jobs = {
         "warm": start([*launch, "warm.imports=[torch]"], cwd["warm"]),
-        "cold": start(launch, cwd["cold"]),
+        "cold": start([*launch, "restart=on_failure", "--", "--crash-at-step", "7"], cwd["cold"]),
         "torchrun": start([*TORCHRUN, script, "--out", "final.json"], cwd["torchrun"]),
     }
     outputs = finish(jobs)
@@ -134,4 +137,7 @@ def test_fsdp2_warm_writes_the_bytes_of_cold_and_torchrun(tmp_path: Path) -> Non
     assert finals["warm"] == finals["cold"] == finals["torchrun"], finals
     assert json.loads(finals["cold"])["steps"] == 20
     assert "rank 0 holds (32, 16) of (64, 16) blocks.0.up" in outputs["warm"]  # sharded
+    assert "rank 1: crashing at step 7" in outputs["cold"]
+    for rank in (0, 1):  # from the snapshots, not from scratch
+        assert f"rank {rank}: resumed after step 6 (attempt 1)" in outputs["cold"], outputs["cold"]
     assert "warm_fallback" not in (run_dir_in(cwd["warm"]) / "events.jsonl").read_text()
