@@ -102,15 +102,18 @@ def weights_sha256(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def resume(model: nn.Module, optimizer: torch.optim.Optimizer, who: str, attempt: str) -> int:
-    """The first step to train: after the snapshot `ckpt.restore()` returns (this rank's
-    shards, DTensors as they were snapshotted), loaded into the sharded model; else 0."""
+def resume(
+    model: nn.Module, optimizer: torch.optim.Optimizer, who: str, attempt: str
+) -> tuple[int, float]:
+    """The first step to train and the last loss: after the snapshot `ckpt.restore()` returns
+    (this rank's shards, DTensors as they were snapshotted), loaded into the sharded model;
+    else 0 and NaN. A relaunch of a finished run trains nothing and writes what it wrote."""
     if (state := ckpt.restore()) is None:
-        return 0
+        return 0, float("nan")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     print(f"{who}: resumed after step {state['step']} (attempt {attempt})", flush=True)
-    return int(state["step"]) + 1
+    return int(state["step"]) + 1, float(state["loss"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,9 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         weight = model.blocks[0].up.weight
         print(f"rank 0 holds {tuple(weight.to_local().shape)} of {tuple(weight.shape)} blocks.0.up")
 
-    start = resume(model, optimizer, f"rank {rank}", attempt)
+    start, loss_value = resume(model, optimizer, f"rank {rank}", attempt)
 
-    loss_value = float("nan")
     for step in range(start, args.steps):
         if step == args.crash_at_step and rank == 1 and attempt == "0":
             print(f"rank {rank}: crashing at step {step} as asked", file=sys.stderr, flush=True)
@@ -146,10 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()  # FSDP2 reduce-scatters (averages) each block's gradients here
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        ckpt.snapshot({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step=step)
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         loss_value = mean.item() / world
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        ckpt.snapshot({**state, "loss": loss_value}, step=step)
         if rank == 0 and (step + 1) % 5 == 0:
             print(f"step {step + 1}/{args.steps} loss {loss_value:.6f}")
         if ckpt.save_requested():  # a preemption: every rank stops after the same step
