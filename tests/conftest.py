@@ -46,10 +46,32 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"host: MISSING {line}" for line in lines] or ["host: every need of the tests is met"]
 
 
+# The host's temporary folder, as it was before the run's own (the port locks live there: they
+# are shared with every other test run on the host); the xdist workers get it from the controller.
+HOST_TMPDIR = os.environ.setdefault("ELASTIC_HYDRA_TESTS_HOST_TMPDIR", tempfile.gettempdir())
+SESSION_TMPDIR = pytest.StashKey[Path]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Byte-compile the package once, as pip does on install: under PYTHONDONTWRITEBYTECODE=1 each
-    launcher the tests start would compile its source again (about 0.05 s per launch)."""
+    launcher the tests start would compile its source again (about 0.05 s per launch).
+
+    And one temporary folder for the run (TMPDIR, inherited by the xdist workers and everything
+    the tests start), removed at its end when it passed: torchrun's agents leave a
+    `torchelastic_*` folder in the temporary folder at every launch (about 20 a run)."""
     compileall.compile_dir(REPO / "elastic_hydra", quiet=1)
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # the controller, or a run without workers
+        tmp = Path(tempfile.mkdtemp(prefix="elastic-hydra-tests-", dir=HOST_TMPDIR))
+        config.stash[SESSION_TMPDIR] = tmp
+        os.environ["TMPDIR"] = str(tmp)
+        tempfile.tempdir = str(tmp)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run's temporary folder goes when the run passed (kept for a look when it failed)."""
+    tmp = session.config.stash.get(SESSION_TMPDIR, None)
+    if tmp is not None and exitstatus == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # The tests run on xdist workers (pyproject's addopts: `-n 4 --dist loadgroup`). The tests of a
@@ -235,7 +257,7 @@ def _claim_ports() -> Iterator[int]:
     """The ports of the first block no other process holds, in turn (a port comes back after
     the block's others: long after the server of its last test closed it)."""
     for start in range(_PORTS_FROM, _PORTS_TO, _PORT_BLOCK):
-        lock = os.path.join(tempfile.gettempdir(), f"elastic-hydra-test-ports-{start}.lock")
+        lock = os.path.join(HOST_TMPDIR, f"elastic-hydra-test-ports-{start}.lock")
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -53,6 +53,7 @@ _ENDED_CLASS = {
     Ended.HUNG: FailureClass.HANG,
     Ended.HUNG_FAIL: FailureClass.HANG,
 }
+SAVE_ASKED = "another node of the job was asked to stop and save (a stop signal, `save`)"
 STOP_SIGNAL_WINDOW = 0.5  # seconds a worker's death by a stop signal waits for the agent's own
 _STOP_SIGNAL_NAMES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
 
@@ -178,6 +179,14 @@ class Executor(CollateralWait, RoundGates):
                         node, self.plan.stop_grace, lambda: bool(group.running())
                     )
                 return Ended.STOPPED, f"received {signal.Signals(signum).name}"
+            # Another node of the job was asked to save and stop (a stop signal reached its
+            # agent only: a pod deleted, one node's `scancel --signal`): this node saves the same
+            # step and stops too, instead of training on into a round without it.
+            if not failed and self.check_every is not None and self.saver and self.saver.asked():
+                self.state.saved = self.saver.save(
+                    node, self.plan.stop_grace, lambda: bool(group.running())
+                )
+                return Ended.STOPPED, SAVE_ASKED
             if failed:
                 if (collateral := self._collateral(group, node, failed)) is not None:
                     return collateral

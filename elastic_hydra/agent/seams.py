@@ -172,6 +172,11 @@ class NodeExchange(Protocol):
         cut at `limit` bytes: every node that asks gets the same one.
         Raises RendezvousError when the store is gone."""
 
+    def offered(self, topic: str, *, limit: int) -> bytes | None:
+        """The value `first` holds under `topic` now (cut at `limit` bytes), None when no node
+        has offered one: a look that neither offers nor waits.
+        Raises RendezvousError when the store is gone."""
+
 
 class Saver(Protocol):
     """The workers' snapshots (`checkpoint.*`), saved when a stop signal comes."""
@@ -180,6 +185,11 @@ class Saver(Protocol):
         """Ask every rank to snapshot one agreed step, wait for it (at most `grace` seconds,
         while `running` says workers run), and keep it in the job's checkpoint home; the step
         kept (an older one where the agreed one did not come), None when there was none."""
+
+    def asked(self) -> bool:
+        """Whether another node of the round was asked to save (a stop signal reached its
+        agent): this node then saves the same step and stops too. A look at the round's store,
+        made while the workers run."""
 
 
 class Preflight(Protocol):

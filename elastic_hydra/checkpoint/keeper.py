@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
+import math
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +54,11 @@ MEMORY = "memory"
 SAVE_TOPIC = "checkpoint-save"
 SAVE_AGREE_TIMEOUT = 5.0  # seconds a signalled node waits for the first one's proposal
 SAVE_POLL = 0.05
+# Seconds the other nodes of a job may take to see a save request (their agents look at the
+# round's store every monitor_interval, 0.1 s by default): the step asked for is as many steps
+# further as the ranks train in that time, at most SAVE_MAX_LEAD further.
+SAVE_NOTICE = 0.5
+SAVE_MAX_LEAD = 64
 
 
 class CopyError(ValueError):
@@ -272,11 +280,22 @@ class Keeper:
         return check_copy(self.home, self.job, step, ranks)
 
     # ----------------------------------------------------------------------- a stop signal
+    def asked(self) -> bool:
+        """seams.Saver: a node of this multi-node round proposed a step to save at (a stop
+        signal reached its agent, `save`): every node saves it, not only the signalled one."""
+        if self.exchange is None or self.node is None or self.node.group_world_size == 1:
+            return False
+        try:
+            return self.exchange.offered(SAVE_TOPIC, limit=32) is not None
+        except RendezvousError:
+            return False  # the store is gone: the membership check says so
+
     def save(self, node: NodeAssignment, grace: float, running: Callable[[], bool]) -> int | None:
         """seams.Saver: every rank is asked (`ckpt.save_requested`) to stop after its snapshot
-        of one step, agreed with the other nodes that were signalled: two steps past the newest
-        any rank here holds (ranks of a job are at most a step apart). The agent waits for that
-        snapshot on every rank here, then keeps the newest step they all hold."""
+        of one step, agreed with the job's other nodes (the first node asked proposes it, the
+        others see it in the round's store, `asked`): `_lead` steps past the newest any rank
+        here holds. The agent waits for that snapshot on every rank here, then keeps the newest
+        step they all hold."""
         self._stop_copies()
         ranks = self._ranks() if self.node is not None else range(0)
         newest = max((s for rank in ranks for s in self.area.steps(rank)), default=None)
@@ -287,7 +306,7 @@ class Keeper:
             return None
         target = None
         if grace > 0 and running():
-            target = self._agreed(newest + 2)
+            target = self._agreed(newest + self._lead(ranks))
             body = json.dumps({"format": FORMAT, "step": target}).encode()
             _write_whole(self.area.save_request, body)
             deadline = time.monotonic() + grace
@@ -302,6 +321,24 @@ class Keeper:
                 "(stop_grace)" + (f"; step {kept} was kept instead" if kept is not None else "")
             )
         return kept
+
+    def _lead(self, ranks: Sequence[int]) -> int:
+        """Steps past the newest snapshot here to save at: two (the ranks of a job are at most
+        a step apart), and on several nodes as many more as a rank trains in SAVE_NOTICE
+        seconds (the median gap between its snapshots), so that the other nodes see the request
+        before their ranks are past the step."""
+        if self.node is None or self.node.group_world_size == 1 or not ranks:
+            return 2
+        times = []
+        for step in self.area.steps(ranks[0]):
+            with contextlib.suppress(OSError):  # a snapshot the worker has just replaced
+                times.append(self.area.snapshot(ranks[0], step).stat().st_mtime)
+        times.sort()
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        if not gaps:
+            return 2
+        step_time = max(statistics.median(gaps), 1e-6)
+        return 2 + min(SAVE_MAX_LEAD, math.ceil(SAVE_NOTICE / step_time))
 
     def _agreed(self, mine: int) -> int:
         """The step to save at: the first signalled node's proposal (a node asked later is at

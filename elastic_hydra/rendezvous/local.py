@@ -110,6 +110,10 @@ class LocalRendezvous:
         """seams.NodeExchange: this node alone."""
         return value[: limit + 1]
 
+    def offered(self, topic: str, *, limit: int) -> bytes | None:
+        """seams.NodeExchange: no other node offers anything."""
+        return None
+
     def job_share(self) -> None:
         return None  # no store the nodes share: each node watches its own ranks
 

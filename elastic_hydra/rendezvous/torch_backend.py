@@ -218,6 +218,17 @@ class TorchRendezvous(Membership, JoinWait):
         except store_keys.STORE_READ_ERRORS as exc:
             raise RendezvousError(self._lost(exc)) from None
 
+    def offered(self, topic: str, *, limit: int) -> bytes | None:
+        """seams.NodeExchange: the value `first` set under `topic` in this round's store, if
+        any (one `check`, and a `get` only when it is there)."""
+        if self.store is None or self.node is None:
+            return None
+        store, key = self.store, f"{GATHER}{topic}/value"
+        try:
+            return bytes(store.get(key))[: limit + 1] if store.check([key]) else None
+        except store_keys.STORE_READ_ERRORS as exc:
+            raise RendezvousError(self._lost(exc)) from None
+
     def job_share(self) -> JobShare:
         return self  # the hangs ride on the job's store
 

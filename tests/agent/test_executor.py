@@ -28,7 +28,7 @@ from elastic_hydra.agent.events import (
     Stop,
     WorkerExited,
 )
-from elastic_hydra.agent.executor import Executor
+from elastic_hydra.agent.executor import SAVE_ASKED, Executor
 from elastic_hydra.agent.outcome import RunOutcome, Status
 from elastic_hydra.agent.restart_policy import backoff_delay
 from elastic_hydra.agent.seams import (
@@ -639,11 +639,17 @@ class FakeSaver:
     """The workers' snapshots: `kept` is what a save keeps (None: nothing to keep)."""
 
     kept: int | None
+    asked_after: int | None = None  # looks at the store before another node's request is there
     calls: list[tuple[int, float, bool]] = field(default_factory=list)
+    polls: int = 0
 
     def save(self, node: NodeAssignment, grace: float, running: Callable[[], bool]) -> int | None:
         self.calls.append((node.group_rank, grace, running()))
         return self.kept
+
+    def asked(self) -> bool:
+        self.polls += 1
+        return self.asked_after is not None and self.polls > self.asked_after
 
 
 @pytest.mark.parametrize("kept", [17, None])
@@ -661,6 +667,29 @@ def test_a_stop_signal_saves_the_snapshots_before_the_workers_stop(kept: int | N
     assert h.observer.of(Finish)[0].exit_code == outcome.exit_code
     (group,) = h.factory.groups
     assert group.stops == [(SIGTERM, 12.0)]  # then the workers stop as always
+
+
+@pytest.mark.parametrize("kept", [17, None])
+def test_a_save_another_node_was_asked_for_saves_here_too_and_stops(kept: int | None) -> None:
+    plan = make_plan(dynamic=True, monitor_interval=0.5, stop_grace=12.0)
+    h = harness({0: {}}, plan=plan)
+    h.saver = FakeSaver(kept, asked_after=2)
+    outcome = h.run()
+
+    assert h.saver.calls == [(0, 12.0, True)]  # at the third look, while the workers ran
+    assert (outcome.status, outcome.saved, outcome.reason) == (Status.STOPPED, kept, SAVE_ASKED)
+    assert outcome.exit_code == (EXIT_PREEMPTED_SAVED if kept is not None else 128 + SIGTERM)
+    (group,) = h.factory.groups
+    assert group.waits == [0.5, 0.5, 0.5]
+    assert group.stops == [(SIGTERM, 12.0)]
+    assert outcome.root_cause is None  # no rank failed: nothing to blame
+
+
+def test_a_single_node_never_asks_the_store_for_a_save_request() -> None:
+    h = harness(ALL_SUCCEED)  # standalone: fixed membership, no store to look at
+    h.saver = FakeSaver(3, asked_after=0)
+    outcome = h.run()
+    assert (outcome.status, h.saver.polls, h.saver.calls) == (Status.SUCCEEDED, 0, [])
 
 
 def test_a_signal_during_a_backoff_keeps_what_the_earlier_attempts_left() -> None:

@@ -243,6 +243,10 @@ class Member:
         with self.round_.cond:
             return self.round_.words.setdefault(topic, {}).setdefault(-1, value)
 
+    def offered(self, topic: str, *, limit: int) -> bytes | None:
+        with self.round_.cond:
+            return self.round_.words.get(topic, {}).get(-1)
+
 
 def ring_keeper(tmp_path: Path, name: str) -> Keeper:
     area = area_in(tmp_path, name)

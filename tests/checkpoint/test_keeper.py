@@ -50,6 +50,9 @@ class Exchange:
         """The first proposal: another node's, when there is one."""
         return next((v for v in self.others if v is not None), value)
 
+    def offered(self, topic: str, *, limit: int) -> bytes | None:
+        return next((v for v in self.others if v is not None), None)
+
 
 def snap(area: Area, rank: int, step: int, payload: object = None) -> None:
     area.rank_dir(rank).mkdir(mode=0o700, exist_ok=True)
@@ -282,6 +285,25 @@ def test_a_stop_signal_asks_for_one_step_and_keeps_it_once_every_rank_has_it(
         assert api.save_requested()
     finally:
         del os.environ[SNAPSHOTS], os.environ["RANK"]
+
+
+def test_on_two_nodes_the_step_leaves_the_other_node_time_to_see_the_request(
+    tmp_path: Path,
+) -> None:
+    k = keeper(tmp_path)
+    two = node(0, nodes=2)
+    k.offer(two, 2, Exchange([None]))
+    assert not k.asked()  # no node proposed a step yet
+    for step in range(6):  # 0.125 s apart: four steps in SAVE_NOTICE (0.5 s)
+        for rank in (0, 1):
+            snap(k.area, rank, step)
+            stamp = 1_000_000 + step * 0.125
+            os.utime(k.area.snapshot(rank, step), (stamp, stamp))
+    assert k._lead([0, 1]) == 2 + 4
+    assert k.save(two, 0.0, lambda: False) == 5  # no grace: the newest held, nothing asked
+    k.exchange = Exchange([b"11"])  # another node proposed step 11 (5 + 2 + 4)
+    assert k.asked()
+    assert keeper(tmp_path, "alone")._lead([0, 1]) == 2  # one node: nothing to wait for
 
 
 def test_a_snapshot_that_does_not_come_keeps_the_newest_held_and_says_so(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> object:
     return weights(tmp / "clean.json")
 
 
-def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_weights(
+def test_a_crash_loses_at_most_the_step_in_flight_and_ends_with_the_uninterrupted_weights(
     tmp_path: Path, clean: object
 ) -> None:
     crash = run(
@@ -62,8 +62,12 @@ def test_a_crash_and_a_preemption_lose_no_step_and_end_with_the_uninterrupted_we
     assert resumed_steps(crash.stdout, attempt=1) in (["6", "6"], ["5", "5"]), crash.stdout
     assert weights(tmp_path / "crash.json") == clean
 
-    # A preemption: SIGTERM to the agent mid-run. It stops the workers and keeps their last
-    # snapshots in the job's checkpoint home; the same command again resumes from there.
+
+def test_a_preemption_loses_no_step_and_the_relaunch_ends_with_the_uninterrupted_weights(
+    tmp_path: Path, clean: object
+) -> None:
+    """SIGTERM to the agent mid-run: it stops the workers and keeps their last snapshots in the
+    job's checkpoint home; the same command again resumes from there."""
     args = ddp(tmp_path, "preempted", "--steps", STEPS, "--step-time", "0.2", "--out", "pre.json")
     with started(*args, cwd=tmp_path) as agent:
         home = Home(tmp_path / "preempted" / "checkpoints" / "ddp_snapshots")
