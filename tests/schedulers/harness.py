@@ -137,9 +137,27 @@ class Controller:
         pod.disrupted = disruption
         _kill_tree(pod.proc.pid, signal.SIGKILL)
 
+    def grace(self) -> float:
+        """The pods' terminationGracePeriodSeconds (Kubernetes' default: 30)."""
+        return float(self.job["template"]["spec"].get("terminationGracePeriodSeconds", 30))
+
+    def delete(self, index: int) -> int:
+        """Delete pod `index` as `kubectl delete pod` does: the kubelet sends SIGTERM to the
+        container's first process (the agent) alone, waits the grace, then SIGKILLs what is
+        left. The Job replaces the pod at the next `step` by its failure policy. The pod's
+        container exit code."""
+        pod = self.pods[index]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pod.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            pod.proc.wait(timeout=self.grace())
+        if pod.proc.poll() is None:
+            _kill_tree(pod.proc.pid, signal.SIGKILL)
+        return _container_code(pod.proc.wait(timeout=30))
+
     def delete_all(self) -> None:
         """Terminate every running pod as the kubelet does: SIGTERM, the grace, SIGKILL."""
-        grace = float(self.job["template"]["spec"].get("terminationGracePeriodSeconds", 30))
+        grace = self.grace()
         running = [p for p in self.pods.values() if p.proc.poll() is None]
         for pod in running:
             _kill_tree(pod.proc.pid, signal.SIGTERM)

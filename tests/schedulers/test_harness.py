@@ -6,12 +6,14 @@ one loopback address per pod, the manifest's failure policies applied to the pod
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from elastic_hydra.errors import EXIT_PREEMPTED_SAVED
 from tests.conftest import ELASTIC_HYDRA, REPO, WORKERS, free_port, wait_for
 from tests.harness import launcher_env, run
 from tests.multinode import FAST
@@ -101,6 +103,48 @@ def test_an_elastic_jobset_survives_the_loss_of_a_pod(tmp_path: Path) -> None:
     broken = [e for s in done for e in s["exits"]
               if e["returncode"] != 0 and not e["terminated_by_launcher"]]  # fmt: skip
     assert broken and all(e["after_node_loss"] for e in broken), broken
+
+
+def test_a_pod_deleted_with_its_grace_saves_every_node_and_the_set_resumes_there(
+    tmp_path: Path,
+) -> None:
+    """`kubectl delete pod` of one pod of two: its agent alone gets SIGTERM. It asks every node,
+    through the round's store, to save one step; both pods stop after it and exit 75 (preempted,
+    saved), which the manifest Ignores; their replacements resume after that step from the
+    job's checkpoint home, and the steps are run once each."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    docs = rendered("jobset", f"script={WORKERS / 'snapshots_plain.py'}", "nnodes=2",
+                    "nproc_per_node=1", f"logs.root={logs}", *FAST)  # fmt: skip
+    env = launcher_env(OUT_DIR=str(out), STEPS="200", STEP_TIME="0.05")
+    steps = out / "steps-0.txt"
+    with harness.running(docs, tmp_path, env) as ctl:
+        ctl.start_all()
+        before = dict(ctl.pods)
+        ctl.wait("ten steps", lambda: steps.exists() and len(steps.read_text().split()) >= 10, 120)
+        assert ctl.delete(1) == EXIT_PREEMPTED_SAVED, ctl.explain()
+        phase = ctl.run(240)
+        assert phase is harness.Phase.SUCCEEDED, ctl.explain()
+    first = [before[i].text() for i in (0, 1)]
+    kept = {re.search(r"checkpoint: step (\d+) of rank \d kept", text) for text in first}
+    assert None not in kept, first
+    (step,) = {m.group(1) for m in kept if m is not None}  # the same step on both pods
+    for text in first:
+        assert f"stopping after step {step}" in text, text
+    (jobset,) = [d for d in docs if d["kind"] == "JobSet"]
+    rules = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]["rules"]
+    (saved,) = [r for r in rules if EXIT_PREEMPTED_SAVED in r.get("onExitCodes", {}).get(
+        "values", [])]  # fmt: skip
+    assert saved["action"] == "Ignore"
+    assert sorted(i for i, _ in ctl.decided) == [0, 1], ctl.explain()  # each pod once, exit 75
+    assert all(rule == saved for _, rule in ctl.decided), ctl.decided
+    assert sorted(ctl.created) == [(0, 0), (0, 0), (0, 1), (0, 1)]  # each replaced once
+    assert (ctl.attempt, ctl.failures) == (0, 0)  # no restart, nothing against backoffLimit
+    for i in (0, 1):
+        assert f"resumed after step {step}" in ctl.pods[i].text(), ctl.explain()
+    for rank in (0, 1):  # every step ran once: none lost, none run again
+        ran = [int(s) for s in (out / f"steps-{rank}.txt").read_text().split()]
+        assert ran == list(range(200)), ran
 
 
 def test_a_pod_that_fails_ends_the_set_once(tmp_path: Path) -> None:
