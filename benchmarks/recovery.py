@@ -4,13 +4,16 @@
 
 A 2-rank DDP job on this machine (gloo on CPU), an MLP with about `--mb` MB of weights (SGD
 without momentum: the weights are the whole state). Rank 1 exits with code 1 at step `--crash`
-of the first attempt; the job restarts once. Three ways to keep the state:
+of the first attempt; the job restarts once. Four ways to keep the state:
 
 - torchrun + disk: `torchrun --max-restarts=1`, rank 0 saves model and optimizer with
   `torch.save` every 10 steps (write beside, rename: the usual practice), every rank resumes
   from that file;
 - elastic-hydra + disk: the same script and saves under elastic-hydra (`restart=on_failure`);
-- elastic-hydra + snapshots: `ckpt.snapshot(...)` after every step, `ckpt.restore()` on start.
+- elastic-hydra + snapshots: `ckpt.snapshot(...)` after every step, `ckpt.restore()` on start;
+- elastic-hydra + snapshots + warm: the same with a warm worker (`warm.imports=[torch,
+  torch._dynamo]`: the restarted rank is forked from a process that imported them; torch's
+  optimizers import torch._dynamo on their first call, about 2 s of CPU, docs/warm.md).
 
 Each rank appends a line per step to a file: when it ended, and how long `ckpt.snapshot` or the
 disk save took on the training thread. From those:
@@ -99,7 +102,7 @@ def one_run(work: Path, way: str, steps: int, crash: int, mb: float) -> dict[str
     case = Path(tempfile.mkdtemp(dir=work))
     script = case / "train.py"
     script.write_text(SCRIPT)
-    mode = "snapshots" if way.endswith("snapshots") else "disk"
+    mode = "snapshots" if "snapshots" in way else "disk"
     args = [mode, str(steps), str(crash), str(mb), str(case), str(case / "ckpt.pt")]
     if way.startswith("torchrun"):
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -107,7 +110,10 @@ def one_run(work: Path, way: str, steps: int, crash: int, mb: float) -> dict[str
     else:
         argv = [sys.executable, "-m", "elastic_hydra", f"script={script}", "nproc_per_node=2",
                 "restart=on_failure", "restart.max_restarts=1", f"logs.root={case / 'logs'}",
-                "logs.tee=false", "--", *args]  # fmt: skip
+                "logs.tee=false"]  # fmt: skip
+        if way.endswith("warm"):
+            argv.append("warm.imports=[torch,torch._dynamo]")
+        argv += ["--", *args]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     proc = subprocess.run(argv, cwd=case, env=env, capture_output=True, timeout=900, check=False)
     if proc.returncode != 0:
@@ -131,7 +137,8 @@ def one_run(work: Path, way: str, steps: int, crash: int, mb: float) -> dict[str
     }
 
 
-WAYS = ("torchrun + disk", "elastic-hydra + disk", "elastic-hydra + snapshots")
+WAYS = ("torchrun + disk", "elastic-hydra + disk", "elastic-hydra + snapshots",
+        "elastic-hydra + snapshots + warm")  # fmt: skip
 
 
 def run_meta(runs: int, script: str) -> dict[str, object]:
@@ -173,16 +180,19 @@ def main() -> int:
             cells.append(fmt.format(values[len(values) // 2]))
         rows.append(f"| {metric} | " + " | ".join(cells) + " |")
     snap = results[WAYS[2]]
-    ratio = statistics.median(r["crash to back at the crashed step (s)"] for r in snap) / (
-        statistics.median(r["crash to back at the crashed step (s)"] for r in results[WAYS[0]])
-    )
+
+    def back(way: str) -> float:
+        return statistics.median(r["crash to back at the crashed step (s)"] for r in results[way])
+
+    ratios = [f"- {way} against torchrun + disk, back at the crashed step: "
+              f"{back(way) / back(WAYS[0]):.2f}x" for way in WAYS[2:]]  # fmt: skip
     share = statistics.median(r["save cost per step (s)"] / r["step time (s)"] for r in snap)
     text = "\n".join([
         f"# Recovery from a worker crash (2 ranks, gloo on CPU, {args.mb:g} MB of weights, "
         f"crash at step {args.crash} of {args.steps})", "",
         *[f"- {k}: {v}" for k, v in meta.items()],
         f"- Cells: the median over the runs; disk: a save every {SAVE_EVERY} steps by rank 0",
-        f"- snapshots against torchrun + disk, back at the crashed step: {ratio:.2f}x",
+        *ratios,
         f"- a snapshot every step costs {share:.1%} of a step on the training thread", "",
         *rows, "",
     ])  # fmt: skip

@@ -91,7 +91,7 @@ def test_mingpt_hydra_app_warm_with_a_restart_writes_the_bytes_of_cold_and_torch
     script = copied_examples(tmp_path) / "mingpt" / "train.py"
     cwd = {name: tmp_path / name for name in ("warm", "cold", "torchrun")}
     launch = [*ELASTIC_HYDRA, f"script={script}", "nproc_per_node=2"]
-    warm = ["warm.imports=[torch,hydra.main]", "restart.max_restarts=1", "--"]
+    warm = ["warm.imports=[torch,torch._dynamo,hydra.main]", "restart.max_restarts=1", "--"]
     crash = f"trainer.crash_at_iter={MINGPT_CRASH_AT}"
     here = f"hydra.run.dir={cwd['torchrun']}"
     jobs = {
@@ -126,7 +126,7 @@ def test_fsdp2_warm_and_cold_resumed_from_sharded_snapshots_write_the_bytes_of_t
     cwd = {name: tmp_path / name for name in ("warm", "cold", "torchrun")}
     launch = [*ELASTIC_HYDRA, f"script={script}", "nproc_per_node=2"]
     jobs = {
-        "warm": start([*launch, "warm.imports=[torch]"], cwd["warm"]),
+        "warm": start([*launch, "warm.imports=[torch,torch._dynamo]"], cwd["warm"]),
         "cold": start([*launch, "restart=on_failure", "--", "--crash-at-step", "7"], cwd["cold"]),
         "torchrun": start([*TORCHRUN, script, "--out", "final.json"], cwd["torchrun"]),
     }
