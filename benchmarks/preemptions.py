@@ -45,7 +45,7 @@ def held_step(pid: int) -> int:
 def one_trial(work: Path, nproc: int, at: int) -> dict[str, object]:
     case = Path(tempfile.mkdtemp(dir=work))
     argv = [sys.executable, "-m", "elastic_hydra", f"script={EXAMPLE}", f"nproc_per_node={nproc}",
-            f"logs.root={case / 'logs'}", "logs.tee=false", "warm.imports=[torch,torch._dynamo]",
+            f"logs.root={case / 'logs'}", "warm.imports=[torch,torch._dynamo]",
             "--", "--steps", str(STEPS), "--step-time", str(STEP_TIME)]  # fmt: skip
     agent = subprocess.Popen(argv, cwd=case, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
