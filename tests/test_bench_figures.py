@@ -363,6 +363,17 @@ def failures() -> list[str]:
     ]
 
 
+def checkpoints() -> list[str]:
+    trials = result("preemptions.json")["trials"]
+    took = [t["signal to exit (s)"] for t in trials]
+    ok = sum(t["passed"] for t in trials)
+    return [
+        f"{ok}/{len(trials)} exited 75 with every rank stopped after the same step and the "
+        f"relaunch resumed every rank there; the signal to the agent's exit took "
+        f"{statistics.median(took):.1f} s at the median, {max(took):.1f} s at most.",
+    ]
+
+
 PAGES: dict[str, Callable[[], list[str]]] = {
     "README.md": readme,
     "docs/benchmarks.md": benchmarks,
@@ -374,6 +385,7 @@ PAGES: dict[str, Callable[[], list[str]]] = {
     "docs/preflight.md": preflight,
     "docs/stragglers.md": stragglers,
     "docs/runs-and-failures.md": failures,
+    "docs/checkpoints.md": checkpoints,
 }
 
 
