@@ -1,5 +1,5 @@
-"""Developer sessions: `nox -s lint typecheck tests hydra_range docs`; `nox -s bench bench_pool`
-benchmark."""
+"""Developer sessions: `nox -s lint typecheck tests docs` (`tests` runs the command-line tests on
+every supported hydra-core too); `nox -s bench bench_pool` benchmark."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "hydra_range", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
 nox.options.reuse_existing_virtualenvs = True
 # A missing interpreter fails the run: by default nox skips the session and exits 0, a green run
 # that tested nothing.
@@ -59,6 +59,8 @@ def tests(session: nox.Session) -> None:
     session.run("bash", "tests/services/install_chromium.sh", external=True)
     # pytest exits 5 when it collected no test: nox treats any non-zero exit as a failure.
     session.run("pytest", *session.posargs)
+    if not session.posargs:  # the whole suite: the Hydra range too, in this venv (see below)
+        hydra_range_here(session)
 
 
 # The hydra-core releases the Hydra boundary supports (pyproject: >=1.3.2,<1.4): oldest, newest.
@@ -71,11 +73,24 @@ CLI_TESTS = [
 ]
 
 
+def hydra_range_here(session: nox.Session) -> None:
+    """The command-line tests against each supported hydra-core release other than the newest,
+    in the `tests` session's venv (hydra-core swapped, then the newest put back): a venv of its
+    own would install torch a second time for them."""
+    try:
+        for hydra in HYDRA_RANGE:
+            if hydra != NEWEST:
+                session.install(f"hydra-core=={hydra}")
+                session.run("pytest", "-p", "no:cacheprovider", *CLI_TESTS)
+    finally:
+        session.install(f"hydra-core=={NEWEST}")
+
+
 @nox.session(python=PYTHON)
 @nox.parametrize("hydra", [v for v in HYDRA_RANGE if v != NEWEST])
 def hydra_range(session: nox.Session, hydra: str) -> None:
-    """The command-line tests against the supported hydra-core releases other than the newest
-    (the `tests` session runs every test on that one)."""
+    """The command-line tests against the supported hydra-core releases other than the newest,
+    alone (`nox -s hydra_range`; the whole `tests` session runs them too, in its own venv)."""
     session.install("-e", ".[test]", TORCH, ETCD, f"hydra-core=={hydra}")
     session.run("pytest", "-p", "no:cacheprovider", *CLI_TESTS, *session.posargs)
 

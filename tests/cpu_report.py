@@ -15,8 +15,8 @@ from collections.abc import Generator
 
 import pytest
 
-KEY = "cpu_s"
-START = pytest.StashKey[float]()
+KEY, SELF_KEY = "cpu_s", "cpu_self_s"
+START = pytest.StashKey[tuple[float, float]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,9 +26,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )  # fmt: skip
 
 
-def _cpu() -> float:
+def _cpu() -> tuple[float, float]:
+    """The CPU of this process and its reaped descendants, and of this process alone."""
     used = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return sum(u.ru_utime + u.ru_stime for u in used)
+    own = used[0].ru_utime + used[0].ru_stime
+    return own + used[1].ru_utime + used[1].ru_stime, own
 
 
 @pytest.hookimpl(wrapper=True)
@@ -41,7 +43,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
 def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, object]:
     report = yield
     if report.when == "teardown" and START in item.stash:
-        report.user_properties = [*report.user_properties, (KEY, _cpu() - item.stash[START])]
+        (total, own), (total0, own0) = _cpu(), item.stash[START]
+        report.user_properties = [
+            *report.user_properties, (KEY, total - total0), (SELF_KEY, own - own0),
+        ]  # fmt: skip
     return report
 
 
@@ -50,12 +55,15 @@ class Tally:
 
     def __init__(self) -> None:
         self.cpu: dict[str, float] = {}
+        self.own: dict[str, float] = {}  # of it, in the test's own process (not its children)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "teardown":
             for key, value in report.user_properties:
                 if key == KEY and isinstance(value, float):
                     self.cpu[report.nodeid] = value
+                elif key == SELF_KEY and isinstance(value, float):
+                    self.own[report.nodeid] = value
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         top = int(terminalreporter.config.getoption("--cpu-top"))
@@ -65,14 +73,19 @@ class Tally:
         terminalreporter.write_sep("=", f"top {top} CPU (tests and their processes)")
         for nodeid, seconds in sorted(self.cpu.items(), key=lambda kv: -kv[1])[:top]:
             terminalreporter.write_line(f"{seconds:7.2f}s cpu  {nodeid}")
-        terminalreporter.write_line(f"{total:7.1f}s cpu in all, {len(self.cpu)} tests")
-        files: dict[str, float] = {}
+        own = sum(self.own.values())
+        terminalreporter.write_line(
+            f"{total:7.1f}s cpu in all, {own:.1f}s of it in the test processes themselves, "
+            f"{len(self.cpu)} tests"
+        )
+        files: dict[str, tuple[float, float]] = {}
         for nodeid, seconds in self.cpu.items():
             path = nodeid.split("::", 1)[0]
-            files[path] = files.get(path, 0.0) + seconds
-        terminalreporter.write_sep("=", f"top {top} CPU by file")
-        for path, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:top]:
-            terminalreporter.write_line(f"{seconds:7.1f}s cpu  {path}")
+            was, was_own = files.get(path, (0.0, 0.0))
+            files[path] = (was + seconds, was_own + self.own.get(nodeid, 0.0))
+        terminalreporter.write_sep("=", f"top {top} CPU by file (in the test process itself)")
+        for path, (seconds, mine) in sorted(files.items(), key=lambda kv: -kv[1][0])[:top]:
+            terminalreporter.write_line(f"{seconds:7.1f}s cpu ({mine:6.1f}s)  {path}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -62,6 +62,7 @@ def test_every_session_runs_on_the_python_running_nox_when_it_is_supported(
 ) -> None:
     fake, module = noxfile
     assert {"lint", "typecheck", "tests", "hydra_range", "docs"} <= set(fake.sessions)
+    assert fake.options.sessions == ["lint", "typecheck", "tests", "docs"]
     # This test runs on a supported Python: every session takes it, whatever its minor version.
     assert {s.get("python") for s in fake.sessions.values()} == {sys.executable}
     choose = module.session_python
