@@ -21,7 +21,11 @@ disk save took on the training thread. From those:
 - steps lost: the crashed step less the step the restart resumed at (steps trained twice);
 - back at the crashed step: from rank 1's crash to the restarted job ending that step again;
 - save cost: the median time a save takes on the training thread, against the median step time
-  of steps without a save (per step, for snapshots: one every step).
+  of steps without a save (per step, for snapshots: one every step); and how much longer a
+  step takes with snapshots than with disk saves, the write beside the training included.
+
+A run that does not recover (a launcher whose restarted attempt fails) is counted, with the line
+that says why, and left out of the medians.
 
 Writes recovery.md and recovery.json into --out (default: results/ beside this file).
 """
@@ -32,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -40,6 +45,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# An exception's line in a launcher's stderr, not torchrun's wrapper of its workers' failure.
+_ERROR = re.compile(r"(?![\w.]*ChildFailedError)[\w.]*(Error|Exception): .+")
 SAVE_EVERY = 10  # the disk runs' interval
 
 SCRIPT = """
@@ -98,6 +105,15 @@ def lines(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
+class RunFailedError(RuntimeError):
+    """A launcher that did not recover: its exit code and the line of its stderr that says why."""
+
+    def __init__(self, way: str, code: int, stderr: str) -> None:
+        said = [m[0] for ln in stderr.splitlines() if (m := _ERROR.match(ln.strip()))]
+        self.why = said[0][:240] if said else f"exit {code}"  # the first: the workers' own
+        super().__init__(f"{way}: exit {code}: {self.why}")
+
+
 def one_run(work: Path, way: str, steps: int, crash: int, mb: float) -> dict[str, float]:
     case = Path(tempfile.mkdtemp(dir=work))
     script = case / "train.py"
@@ -117,7 +133,7 @@ def one_run(work: Path, way: str, steps: int, crash: int, mb: float) -> dict[str
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     proc = subprocess.run(argv, cwd=case, env=env, capture_output=True, timeout=900, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"{way}: exit {proc.returncode}\n{proc.stderr.decode()[-3000:]}")
+        raise RunFailedError(way, proc.returncode, proc.stderr.decode(errors="replace"))
     rank0, rank1 = lines(case / "rank0.jsonl"), lines(case / "rank1.jsonl")
     crashed = next(float(str(r["t"])) for r in rank1 if "crash" in r)
     again = [r for r in rank0 if r.get("attempt") != "0"]
@@ -161,15 +177,23 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
+    failed: dict[str, list[str]] = {way: [] for way in WAYS}  # a run that did not recover: why
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.runs):
             for way in WAYS:
-                results[way].append(one_run(Path(tmp), way, args.steps, args.crash, args.mb))
+                try:
+                    results[way].append(one_run(Path(tmp), way, args.steps, args.crash, args.mb))
+                except RunFailedError as exc:
+                    failed[way].append(exc.why)
+                    print(exc, flush=True)
+                    continue
                 print(way, results[way][-1], flush=True)
+    if not all(results.values()):
+        raise SystemExit(f"a way never recovered: {failed}")
     meta = run_meta(args.runs, "recovery.py")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "recovery.json").write_text(json.dumps({"meta": meta, "runs": results},
-                                                       indent=2) + "\n")  # fmt: skip
+    doc = {"meta": meta, "runs": results, "failed": failed}
+    (args.out / "recovery.json").write_text(json.dumps(doc, indent=2) + "\n")
     metrics = list(results[WAYS[0]][0])
     rows = ["| what | " + " | ".join(WAYS) + " |", "|---|" + "---|" * len(WAYS)]
     for metric in metrics:
@@ -187,13 +211,20 @@ def main() -> int:
     ratios = [f"- {way} against torchrun + disk, back at the crashed step: "
               f"{back(way) / back(WAYS[0]):.2f}x" for way in WAYS[2:]]  # fmt: skip
     share = statistics.median(r["save cost per step (s)"] / r["step time (s)"] for r in snap)
+    plain = statistics.median(r["step time (s)"] for r in results[WAYS[1]])
+    slower = statistics.median(r["step time (s)"] for r in snap) / plain - 1
+    failures = [f"- runs that did not recover: {way}, {len(why)} of {args.runs} ({why[0]})"
+                for way, why in failed.items() if why]  # fmt: skip
     text = "\n".join([
         f"# Recovery from a worker crash (2 ranks, gloo on CPU, {args.mb:g} MB of weights, "
         f"crash at step {args.crash} of {args.steps})", "",
         *[f"- {k}: {v}" for k, v in meta.items()],
         f"- Cells: the median over the runs; disk: a save every {SAVE_EVERY} steps by rank 0",
         *ratios,
-        f"- a snapshot every step costs {share:.1%} of a step on the training thread", "",
+        f"- a snapshot every step costs {share:.1%} of a step on the training thread; the step "
+        f"takes {slower:.0%} longer than elastic-hydra + disk's (the write beside it shares the "
+        "cores)",
+        *failures, "",
         *rows, "",
     ])  # fmt: skip
     (args.out / "recovery.md").write_text(text)

@@ -364,10 +364,17 @@ def failures() -> list[str]:
 
 
 def checkpoints() -> list[str]:
+    recovery = [ln for ln in (RESULTS / "recovery.md").read_text().splitlines()
+                if ln.startswith("- ") and (" against torchrun + disk" in ln or "costs" in ln
+                                            or "did not recover" in ln)]  # fmt: skip
     trials = result("preemptions.json")["trials"]
     took = [t["signal to exit (s)"] for t in trials]
     ok = sum(t["passed"] for t in trials)
     return [
+        row_text(["what", *result("recovery.json")["runs"]]),
+        *(row_text(cells) for cells in table("recovery.md")),
+        *(line.removeprefix("- ") for line in recovery),
+        *(row_text(cells) for cells in table("node_loss.md")),
         f"{ok}/{len(trials)} exited 75 with every rank stopped after the same step and the "
         f"relaunch resumed every rank there; the signal to the agent's exit took "
         f"{statistics.median(took):.1f} s at the median, {max(took):.1f} s at most.",
@@ -412,6 +419,7 @@ TABLES = {
     "docs/preflight.md": "| nodes | preflight |",
     "docs/stragglers.md": "| ranks | run | right |",
     "docs/runs-and-failures.md": "| injection | how |",
+    "docs/checkpoints.md": "| what | torchrun + disk |",
 }
 
 
