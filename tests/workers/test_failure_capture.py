@@ -910,8 +910,9 @@ import atexit, sys, time
 atexit.register(lambda: open(sys.argv[2], "w").write("atexit ran"))
 open(sys.argv[1], "w").close()
 
-def train():
-    time.sleep(30)
+def train():  # short sleeps, as a training loop's steps: Python runs a signal's handler between
+    for _ in range(300):  # two calls, so one that came just before a sleep began waits 0.1 s,
+        time.sleep(0.1)  # not the whole sleep (CPython's race: 1 SIGINT in ~300 missed 30 s here)
 
 train()
 """
