@@ -49,6 +49,7 @@ from elastic_hydra.rendezvous.torch_handler import (
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # RendezvousStoreInfo's keys
 GATHER = "elastic_hydra/gather/"  # under the round's prefix: {topic}/{node rank}
 GATHER_POLL = 0.05  # seconds between looks at the nodes' values
+READ_WAIT = 10.0  # seconds a gather waits for the nodes that published to have read (a loaded host)
 
 
 class TorchRendezvous(Membership, JoinWait):
@@ -195,7 +196,21 @@ class TorchRendezvous(Membership, JoinWait):
             values = dict(zip(found, store.multi_get(found), strict=True)) if found else {}
         except store_keys.STORE_READ_ERRORS as exc:
             raise RendezvousError(self._lost(exc)) from None
+        self._wait_for_readers(f"{GATHER}{topic}/read", len(found))
         return [bytes(values[k])[: limit + 1] if k in values else None for k in keys]
+
+    def _wait_for_readers(self, key: str, readers: int) -> None:
+        """Count this node's read of a gather, then wait (at most READ_WAIT) until each node that
+        published has read: the node whose agent hosts the store may end right after a gather
+        (a preflight that stops the job), and its store must outlive the others' reads. A store
+        gone while this node waits costs nothing here: its values are read already."""
+        assert self.store is not None
+        deadline = time.monotonic() + READ_WAIT
+        with contextlib.suppress(*store_keys.STORE_READ_ERRORS):
+            count = int(self.store.add(key, 1))
+            while count < readers and time.monotonic() < deadline and not self.interrupt.signum:
+                time.sleep(GATHER_POLL)
+                count = int(self.store.add(key, 0))
 
     def first(self, topic: str, value: bytes, *, limit: int, timeout: float) -> bytes:
         """seams.NodeExchange: the round store's counter for `topic` elects the first node to

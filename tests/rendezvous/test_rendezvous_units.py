@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -552,6 +553,65 @@ def test_a_gather_does_not_wait_for_the_rounds_torchrun_agents() -> None:
     started = time.monotonic()
     assert b.gather("word", b"b", limit=8, timeout=30) == [b"a", b"b", None]
     assert time.monotonic() - started < 10  # not the 30 s: node 2 never publishes
+
+
+STORE_HOST = """
+import sys, time, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(store.port, flush=True)
+sys.stdin.read()  # until the test closes it: then the store ends with this process
+"""
+
+
+def test_a_gather_returns_once_every_node_that_published_read_and_a_store_gone_then_costs_nothing(
+    tmp_path: Path,
+) -> None:
+    """The store's host may end right after a gather (a preflight that stops the job on every
+    node): before it returns, every node that published has read its values; and a node whose
+    store ends while it waits for the others' reads keeps the values it read."""
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    from tests.harness import launcher_env
+
+    host = subprocess.Popen([sys.executable, "-c", STORE_HOST], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=launcher_env(), text=True)  # fmt: skip
+    try:
+        assert host.stdout is not None and host.stdin is not None
+        port = int(host.stdout.readline())
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        a, b = round_of(client, 2)
+        b.store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        b.store.set("elastic_hydra/gather/word/1", b"b")  # b published, has not read yet
+        got: list[list[bytes | None]] = []
+        first = threading.Thread(target=lambda: got.append(a.gather("word", b"a", limit=8,
+                                                                   timeout=30)))  # fmt: skip
+        first.start()
+        wait_for(lambda: int(client.add("elastic_hydra/gather/word/read", 0)) == 1, 30,
+                 "node 0 to have read")  # fmt: skip
+        assert first.is_alive()  # it waits for node 1's read: READ_WAIT (10 s) is not over
+        assert b.gather("word", b"b", limit=8, timeout=30) == [b"a", b"b"]
+        first.join(30)
+        assert got == [[b"a", b"b"]]
+
+        # Node 1 reads first in a new gather and waits for node 0's read; the store's host ends.
+        b.store.set("elastic_hydra/gather/again/0", b"a")
+        second: list[list[bytes | None]] = []
+        waiting = threading.Thread(target=lambda: second.append(b.gather("again", b"b", limit=8,
+                                                                         timeout=30)))  # fmt: skip
+        waiting.start()
+        wait_for(lambda: int(client.add("elastic_hydra/gather/again/read", 0)) == 1, 30,
+                 "node 1 to have read")  # fmt: skip
+        host.stdin.close()
+        assert host.wait(30) == 0
+        waiting.join(30)
+        assert second == [[b"a", b"b"]]  # not a RendezvousError: the values were read
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
 
 
 def test_two_threads_loading_torch_quietly_each_keep_the_quiet_level_and_leave_none_behind(
