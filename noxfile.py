@@ -75,15 +75,26 @@ CLI_TESTS = [
 
 def hydra_range_here(session: nox.Session) -> None:
     """The command-line tests against each supported hydra-core release other than the newest,
-    in the `tests` session's venv (hydra-core swapped, then the newest put back): a venv of its
-    own would install torch a second time for them."""
-    try:
-        for hydra in HYDRA_RANGE:
-            if hydra != NEWEST:
-                session.install(f"hydra-core=={hydra}")
-                session.run("pytest", "-p", "no:cacheprovider", *CLI_TESTS)
-    finally:
-        session.install(f"hydra-core=={NEWEST}")
+    with the `tests` session's venv: that release alone (no dependency) in a directory of its own
+    put first on PYTHONPATH, which every process the tests start inherits. The venv is never
+    changed (a venv of its own would install torch a second time; swapping hydra-core in and
+    out of this one cost two installs a run and left it on the old release when a run was cut)."""
+    for hydra in HYDRA_RANGE:
+        if hydra == NEWEST:
+            continue
+        overlay = os.path.join(session.virtualenv.location, f"hydra-core-{hydra}")
+        if not os.path.isdir(os.path.join(overlay, "hydra")):  # installed once, then reused
+            session.install("--no-deps", "--target", overlay, f"hydra-core=={hydra}")
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [overlay, os.environ.get("PYTHONPATH")]))}
+        session.run("python", "-c", HYDRA_VERSION, hydra, env=env)
+        session.run("pytest", "-p", "no:cacheprovider", *CLI_TESTS, env=env)
+
+
+# The overlay is the hydra-core the tests import: checked before they run.
+HYDRA_VERSION = (
+    "import sys, hydra; assert hydra.__version__ == sys.argv[1], (hydra.__file__, sys.argv[1]);"
+    " print('hydra-core', hydra.__version__, 'from', hydra.__file__)"
+)
 
 
 @nox.session(python=PYTHON)
