@@ -35,6 +35,9 @@ class NodeAssignment:
     # Seconds after its last heartbeat that a peer of this round counts as gone (the longest
     # of the round's: a torchrun agent's is torch's default); 0 without heartbeats.
     departure_bound: float = 0.0
+    # The round's nodes by node rank, as the rendezvous names them (address and agent pid: an
+    # agent started again is another node); () where the backend cannot tell.
+    members: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

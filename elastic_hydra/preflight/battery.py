@@ -5,6 +5,10 @@ Everything is bounded by `preflight.timeout`: the probe group gets three quarter
 is stopped and the node fails as "timed out"), the exchange the rest. Every node rates every
 node's report with the same pure `verdict.rate`, so every node prints and acts on the same
 verdict without a coordinator.
+
+A round whose nodes all passed the last battery, with no restart since (the round after a node
+left or failed its preflight), measures nothing: its nodes agree on it first (`_carried`), and
+the last verdict is carried over.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from elastic_hydra.records.preflight import PreflightVerdict
 PROBE_SHARE = 0.75  # of preflight.timeout for the probe group; the rest for the exchange
 STOP_GRACE = 2.0  # seconds a probe that ran out of time gets between SIGTERM and SIGKILL
 MAX_RESULT = 16 << 10  # bytes of one probe worker's result file
+CARRY_VOTE, CARRY = "preflight-carry-vote", "preflight-carry"  # the round's gather topics
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +53,16 @@ class NodeSetup:
     paths: tuple[tuple[str, str], ...]  # (where it comes from, directory)
     endpoint: tuple[str, int] | None  # the rendezvous endpoint to reach (None: one node)
     gpus: Callable[[], Sequence[int]] = tuple  # this node's GPU indices (NVML's)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measured:
+    """A battery this node ran: its verdict, the nodes that passed it (`NodeAssignment.members`'
+    names), and the node's restart count then."""
+
+    verdict: PreflightVerdict
+    passed: frozenset[str]
+    restarts: int
 
 
 class ProbeStarter:
@@ -81,10 +96,57 @@ class Battery:
         self.exchange = exchange
         self.say = say
         self.stopped = stopped
+        self._last: Measured | None = None  # the last battery this node ran
 
     def check(self, node: NodeAssignment, attempt: int, restart_count: int) -> PreflightVerdict:
-        """seams.Preflight: this node's share of the round's battery, and the verdict."""
+        """seams.Preflight: this node's share of the round's battery, and the verdict (the last
+        battery's, carried over, when the round's nodes agree it measured them all)."""
         began = time.monotonic()
+        verdict = self._carried(node, restart_count, began) or self._battery(
+            node, attempt, restart_count, began
+        )
+        for line in verdict.lines():
+            self.say(line)
+        return verdict
+
+    def _carried(
+        self, node: NodeAssignment, restart_count: int, began: float
+    ) -> PreflightVerdict | None:
+        """The last battery's verdict for this round, when every node of it passed that battery
+        and no node restarted its workers since: a round that only lost nodes (one left, or
+        failed a preflight) trains without measuring the others again. None: run the battery.
+
+        Every node votes on what it knows (each knows the batteries it ran), then the first node
+        to count the votes decides for all (`first`): a vote that came too late to count makes
+        every node run the battery, never some of them."""
+        if not node.members:
+            return None
+        last = self._last
+        mine = (
+            last is not None and last.restarts == restart_count and set(node.members) <= last.passed
+        )
+        wait = self.spec.timeout * (1 - PROBE_SHARE)
+        votes = self.exchange.gather(CARRY_VOTE, b"1" if mine else b"0", limit=1, timeout=wait)
+        agreed = b"1" if all(v == b"1" for v in votes) else b"0"
+        if self.exchange.first(CARRY, agreed, limit=1, timeout=wait) != b"1" or last is None:
+            return None
+        return dataclasses.replace(
+            last.verdict,
+            round=self.exchange.round,
+            nodes=node.group_world_size,
+            findings=(),
+            bad_nodes=(),
+            bad_hosts=(),
+            bad_gpus=(),
+            quarantined=(),
+            quarantined_until=None,
+            seconds=round(time.monotonic() - began, 3),
+            carried_from=last.verdict.round,
+        )
+
+    def _battery(
+        self, node: NodeAssignment, attempt: int, restart_count: int, began: float
+    ) -> PreflightVerdict:
         spec, rnd = self.spec, self.exchange.round
         probe_deadline = began + spec.timeout * PROBE_SHARE
         group = self.probes.start(node, (rnd, attempt, restart_count), self._settings(rnd))
@@ -104,8 +166,9 @@ class Battery:
         reports = [read_report(raw, i, nproc, nodes) for i, raw in enumerate(raws)]
         verdict = rate(reports, Rating(mode=spec.mode, min_ratio=spec.min_ratio, round=rnd))
         verdict = dataclasses.replace(verdict, seconds=round(time.monotonic() - began, 3))
-        for line in verdict.lines():
-            self.say(line)
+        if len(node.members) == verdict.nodes:
+            passed = {m for n, m in enumerate(node.members) if n not in verdict.bad_nodes}
+            self._last = Measured(verdict=verdict, passed=frozenset(passed), restarts=restart_count)
         return verdict
 
     def _settings(self, rnd: int) -> str:

@@ -65,6 +65,9 @@ class PreflightVerdict(JsonRecord):
     # until when (epoch s): only on the bad node, only with quarantine.ledger set.
     quarantined: tuple[str, ...] = ()
     quarantined_until: float | None = None
+    # The round whose battery measured every node of this one (they all passed it, with no
+    # restart since): this round ran none. None: this round's own battery.
+    carried_from: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -72,4 +75,9 @@ class PreflightVerdict(JsonRecord):
 
     def lines(self) -> list[str]:
         """The console's lines: every finding, then the round's figures."""
+        if self.carried_from is not None:
+            return [
+                f"preflight: the {self.nodes} node(s) of this round passed round "
+                f"{self.carried_from}'s battery, with no restart since: not measured again"
+            ]
         return [f.line for f in self.findings]

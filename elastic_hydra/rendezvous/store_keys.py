@@ -76,15 +76,15 @@ def read_facts(store: Store, nodes: int, *, wait: bool) -> dict[int, NodeFacts]:
     return {i: NodeFacts.from_json(raw, i) for i, raw in zip(present, raws, strict=True)}
 
 
-def ordered_rank(facts: Mapping[int, NodeFacts], rank: int) -> int:
-    """This node's rank when the round's nodes are ranked by their Slurm node id rather than
-    by torch's rank (host name, then pid); ties keep torch's order."""
+def ranked(facts: Mapping[int, NodeFacts]) -> list[int]:
+    """The round's torch ranks in node-rank order when the nodes are ranked by their Slurm node
+    id rather than by torch's rank (host name, then pid); ties keep torch's order."""
 
     def place(node: int) -> tuple[int, int]:
         order = facts[node].order
         return (-1 if order is None else order, node)
 
-    return sorted(facts, key=place).index(rank)
+    return sorted(facts, key=place)
 
 
 def config_mismatch(facts: Mapping[int, NodeFacts], rank: int) -> int | None:

@@ -302,7 +302,7 @@ class TorchRendezvous(Membership, JoinWait):
             # others' facts, waited for in a node order, would never come before it.
             if info.rank == 0:
                 master = self._master(info, store)
-            group_rank = self._group_rank(info, store)
+            group_rank, order = self._group_rank(info, store)
             node = store_keys.assign_ranks(
                 self.plan.role, self.plan.nproc_per_node, store, group_rank, info.world_size
             )
@@ -331,8 +331,21 @@ class TorchRendezvous(Membership, JoinWait):
             departure_bound=self.spec.torchrun_departure_bound
             if self._torchrun
             else self.spec.departure_bound,
+            members=self._round_members(order),
             **node,
         )
+
+    def _round_members(self, order: list[int]) -> tuple[str, ...]:
+        """The round's nodes by node rank (`order`: their torch ranks), as torch names them; ()
+        when torch keeps no participants (legacy etcd) or they are not the round's ranks (the
+        state is any agent's writing)."""
+        state = dynamic_state(self.handler)
+        if state is None:
+            return ()
+        by_rank = {rank: node_name(node) for node, rank in state.participants.items()}
+        if set(by_rank) != set(order) or len(by_rank) != len(order):
+            return ()
+        return tuple(by_rank[rank] for rank in order)
 
     def _next_rendezvous(self) -> Any:
         """torch's next round (its RendezvousInfo), its errors told as ours."""
@@ -379,17 +392,18 @@ class TorchRendezvous(Membership, JoinWait):
         else:
             self._round += 1
 
-    def _group_rank(self, info: Any, store: Store) -> int:
-        """This node's rank: in Slurm's node order when the plan has one (every node is an
-        elastic-hydra agent then), else torch's. Without the agent's store, the workers' rank 0
-        hosts their store where torch's rank 0 is, so torch's order stays."""
+    def _group_rank(self, info: Any, store: Store) -> tuple[int, list[int]]:
+        """This node's rank, and the round's torch ranks in node-rank order: in Slurm's node
+        order when the plan has one (every node is an elastic-hydra agent then), else torch's.
+        Without the agent's store, the workers' rank 0 hosts their store where torch's rank 0
+        is, so torch's order stays."""
         order = self.spec.node_order
         facts = store_keys.NodeFacts(self.plan.config_hash, order)
         store_keys.publish_facts(store, info.rank, facts)
         if order is None or not self.handler.use_agent_store:
-            return int(info.rank)
-        every = store_keys.read_facts(store, info.world_size, wait=True)
-        return store_keys.ordered_rank(every, info.rank)
+            return int(info.rank), list(range(info.world_size))
+        ranked = store_keys.ranked(store_keys.read_facts(store, info.world_size, wait=True))
+        return ranked.index(info.rank), ranked
 
     def _master(self, info: Any, store: Store) -> Endpoint:
         """MASTER_ADDR/PORT of this round, the same on every node, on a store fresh to the round.

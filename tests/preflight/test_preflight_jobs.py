@@ -146,8 +146,7 @@ def test_a_throttled_node_is_named_and_left_out_and_the_rest_trains_without_a_re
     # together once the store is up), and as short as that: the survivors' second round waits
     # all of it for a third node that never comes. The slow node is the
     # slowest of three, so the median is a healthy node's rate and a healthy node cannot fall
-    # under 0.7 of it; in the round of two, the slower one is at least 0.7 of their mean unless
-    # one runs at under 54 % of the other's speed.
+    # under 0.7 of it; the round of two carries that verdict over (it measures nothing).
     # The throttled node's probe loads torch at a tenth of a CPU (~25 s, more beside other
     # tests): its share of preflight.timeout (three quarters) must outlast that, or the node is
     # left out as "timed out" before its GEMM rate is measured.
@@ -175,12 +174,19 @@ def test_a_throttled_node_is_named_and_left_out_and_the_rest_trains_without_a_re
     assert bad["status"] == "preflight_failed" and "of the median GEMM rate" in bad["message"]
     (bad_node,) = bad["preflight"]["bad_nodes"]
     named = f"preflight: node {bad_node} ("
+    measured = bad["preflight"]["round"]
     for agent in (j.agents[0], j.agents[2]):
         summary = agent.summary()
         assert (summary["status"], summary["restarts"]) == ("succeeded", 0)
         assert summary["preflight"]["nodes"] == 2 and summary["preflight"]["bad_nodes"] == []
         lines = verdict_lines(agent.text())
         assert any(ln.startswith(named) and "of the median GEMM rate" in ln for ln in lines)
+        # The round of the two passed the battery a moment ago: it trains without another.
+        assert summary["preflight"]["carried_from"] == measured, summary["preflight"]
+        assert lines[-1] == (
+            f"preflight: the 2 node(s) of this round passed round {measured}'s battery, "
+            "with no restart since: not measured again"
+        ), lines
 
 
 def reachable(host: str, port: int) -> bool:

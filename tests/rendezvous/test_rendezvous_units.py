@@ -41,10 +41,10 @@ from elastic_hydra.rendezvous.store_keys import (
     config_mismatch,
     exit_barrier,
     node_ranks,
-    ordered_rank,
     publish_facts,
     publish_failure,
     rank_table,
+    ranked,
     read_facts,
     read_failures,
 )
@@ -83,7 +83,7 @@ def test_slurm_node_order_ranks_the_nodes_not_torchs_order() -> None:
     for rank, order in enumerate([2, 0, 1]):
         publish_facts(store, rank, NodeFacts("ab12", order))
     facts = read_facts(store, 3, wait=True)
-    assert [ordered_rank(facts, rank) for rank in range(3)] == [2, 0, 1]
+    assert [ranked(facts).index(rank) for rank in range(3)] == [2, 0, 1]
     assert config_mismatch(facts, 0) is None
 
 
@@ -94,7 +94,7 @@ def test_nodes_that_resolved_different_configs_are_found_and_torchrun_agents_are
     facts = read_facts(store, 3, wait=False)
     assert sorted(facts) == [0, 2]
     assert (config_mismatch(facts, 0), config_mismatch(facts, 2)) == (2, 0)
-    assert [ordered_rank(facts, r) for r in (0, 2)] == [0, 1]  # no node order: torch's
+    assert [ranked(facts).index(r) for r in (0, 2)] == [0, 1]  # no node order: torch's
 
 
 @pytest.mark.parametrize(
